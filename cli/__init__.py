@@ -1,0 +1,1 @@
+"""The ``gwtf`` command line (typer), installed under the import name ``gwtf_cli``."""

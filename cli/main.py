@@ -1,0 +1,20 @@
+"""The ``gwtf`` typer application: wires sub-command groups together and nothing else.
+
+Each command group lives in its own module; output to the terminal happens only in cli/.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="gwtf: train one LLM together on volunteer GPUs (GWTF).")
+
+
+@app.callback()
+def main() -> None:
+    """gwtf: churn-tolerant decentralized training (GWTF)."""
+
+
+if __name__ == "__main__":
+    app()
