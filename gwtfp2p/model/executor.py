@@ -1,0 +1,87 @@
+"""``StageExecutor``: one relay's stage replica, driven per microbatch id by the daemon.
+
+Owns the forward/backward protocol of a stage on plain tensors: forward keeps what backward needs;
+a duplicate forward recomputes (same input, bitwise the same output: dropout is off or seeded per
+(microbatch, stage)); backward accumulates parameter gradients exactly once per id per iteration
+and returns the input gradient, which is kept so a duplicate backward is answered without
+recomputing or double counting; ``drop`` frees a microbatch whose data holder is gone. Not
+thread-safe: the daemon calls it from its single compute thread.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gwtfp2p.config import RunSpec
+from gwtfp2p.model.ledger import Ledger, Pending, dropout_seed, seeded_rng
+from gwtfp2p.model.partition import StageModule
+from gwtfp2p.model.presets import config_dropout
+from gwtfp2p.model.trainable import Trainable
+
+
+class StageExecutor(Trainable):
+    """Stage ``stage_index`` (1-based, as in DESIGN.md) of the pipeline, one replica."""
+
+    def __init__(self, module: StageModule, spec: RunSpec, stage_index: int) -> None:
+        super().__init__(module, spec, kind=f"stage{stage_index}")
+        self.stage_index = stage_index
+        self.device = next(module.parameters()).device
+        self._seeded = config_dropout(module.config) > 0
+        self.ledger = Ledger(module)
+
+    def _seed(self, mb_id: str) -> int | None:
+        return dropout_seed(self.spec.seed, mb_id, self.kind) if self._seeded else None
+
+    def forward(self, mb_id: str, hidden: torch.Tensor) -> torch.Tensor:
+        """Run the stage on ``hidden`` [B,T,H] for ``mb_id``; returns the (detached) output.
+
+        For an id already done this iteration the output is recomputed without keeping state;
+        otherwise the forward state is kept (replacing any earlier one of the same id).
+        """
+        x = hidden.detach().to(self.device)
+        if mb_id in self.ledger.done:
+            with torch.no_grad(), seeded_rng(self._seed(mb_id), self.device):
+                return self.module(x)
+        x.requires_grad_(True)
+        meter = [0]
+        with torch.enable_grad(), self.ledger.metering(meter), seeded_rng(self._seed(mb_id), self.device):
+            out = self.module(x)
+        self.ledger.add_pending(mb_id, Pending(inputs=x, output=out, saved_bytes=meter[0]))
+        return out.detach()
+
+    def backward(self, mb_id: str, grad_output: torch.Tensor) -> torch.Tensor:
+        """Backpropagate ``grad_output`` for ``mb_id``; returns the gradient wrt the stage input.
+
+        The first backward of an id adds its parameter gradients to the sum and counts it; a later
+        one returns the same input gradient and adds nothing. Raises ``UnknownMicrobatch`` if the
+        id has neither forward state nor a finished backward here.
+        """
+        if mb_id in self.ledger.done:
+            return self.ledger.done[mb_id]
+        entry = self.ledger.peek(mb_id)
+        if grad_output.shape != entry.output.shape:
+            raise ValueError(f"{self.kind}: gradient shape {tuple(grad_output.shape)} != output "
+                             f"{tuple(entry.output.shape)} for {mb_id}")
+        self.ledger.take(mb_id)
+        grad = grad_output.detach().to(device=entry.output.device, dtype=entry.output.dtype)
+        torch.autograd.backward(entry.output, grad)
+        grad_input = entry.inputs.grad.detach()
+        self.ledger.done[mb_id] = grad_input
+        self.count += 1
+        return grad_input
+
+    def drop(self, mb_id: str) -> bool:
+        """Free a microbatch's forward state (its data holder crashed); True if some was held."""
+        return self.ledger.free(mb_id)
+
+    def status(self, mb_id: str) -> str:
+        """``"done"``, ``"pending"`` or ``"unknown"`` for ``mb_id`` in the current iteration."""
+        return self.ledger.status(mb_id)
+
+    def _end_iteration(self) -> int:
+        return self.ledger.end_iteration()
+
+    def memory_stats(self) -> dict[str, int]:
+        """Bytes: parameters+grads+AdamW moments, activations saved now, and their peak."""
+        return {"parameter_bytes": self.parameter_bytes(), "saved_activation_bytes": self.ledger.saved_bytes,
+                "peak_saved_activation_bytes": self.ledger.peak_saved_bytes}

@@ -1,0 +1,103 @@
+"""``DataHolderExecutor``: a data holder's head (embeddings) and tail (norm, LM head, loss).
+
+Owns the data holder's side of one microbatch: ``head_forward`` embeds the input ids and keeps the
+graph; ``tail_backward`` takes the last stage's output, computes the mean token loss and returns
+the gradient to send back (adding the tail's parameter gradients once per id); ``head_backward``
+takes the first stage's input gradient and adds the embeddings' gradients once per id. GPT-2's tied
+``wte`` is one Parameter, so it receives both contributions exactly. The count of the iteration's
+mean is the number of distinct microbatches whose tail ran.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gwtfp2p.config import RunSpec
+from gwtfp2p.model.ledger import Ledger, Pending, UnknownMicrobatch, dropout_seed, seeded_rng
+from gwtfp2p.model.partition import DataHolderModule
+from gwtfp2p.model.presets import config_dropout
+from gwtfp2p.model.trainable import Trainable
+
+
+class DataHolderExecutor(Trainable):
+    """One data holder's replica of the head+tail part."""
+
+    def __init__(self, module: DataHolderModule, spec: RunSpec) -> None:
+        super().__init__(module, spec, kind="dataholder")
+        self.device = next(module.parameters()).device
+        self._seeded = config_dropout(module.config) > 0
+        self.head_ledger = Ledger(module)
+        self.tail_done: dict[str, tuple[float, torch.Tensor]] = {}
+        self._labels: dict[str, torch.Tensor] = {}
+
+    def head_forward(self, mb_id: str, input_ids: torch.Tensor,
+                     labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Embed ``input_ids`` [B,T]; returns the hidden states [B,T,H] to send to stage 1.
+
+        ``labels`` default to the input ids (next-token prediction; the loss shifts them).
+        """
+        ids = input_ids.to(self.device)
+        self._labels[mb_id] = (ids if labels is None else labels.to(self.device)).detach()
+        seed = dropout_seed(self.spec.seed, mb_id, "head") if self._seeded else None
+        if mb_id in self.head_ledger.done:
+            with torch.no_grad(), seeded_rng(seed, self.device):
+                return self.module.head(ids)
+        meter = [0]
+        with torch.enable_grad(), self.head_ledger.metering(meter), seeded_rng(seed, self.device):
+            out = self.module.head(ids)
+        self.head_ledger.add_pending(mb_id, Pending(inputs=ids, output=out, saved_bytes=meter[0]))
+        return out.detach()
+
+    def tail_backward(self, mb_id: str, hidden: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Loss of the last stage's output ``hidden`` and its gradient (to send back to stage S).
+
+        The first call per id adds the tail's parameter gradients and counts the microbatch; a
+        duplicate returns the same loss and gradient and adds nothing.
+        """
+        if mb_id in self.tail_done:
+            return self.tail_done[mb_id]
+        labels = self._labels.get(mb_id)
+        if labels is None:
+            raise UnknownMicrobatch(mb_id)
+        x = hidden.detach().to(self.device).requires_grad_(True)
+        with torch.enable_grad():
+            loss = self.module.tail(x, labels)
+            loss.backward()
+        result = (float(loss.detach()), x.grad.detach())
+        self.tail_done[mb_id] = result
+        self.count += 1
+        return result
+
+    def head_backward(self, mb_id: str, grad_hidden: torch.Tensor) -> None:
+        """Add the embeddings' gradients for ``mb_id`` from stage 1's input gradient (once per id)."""
+        if mb_id in self.head_ledger.done:
+            return
+        entry = self.head_ledger.peek(mb_id)
+        if grad_hidden.shape != entry.output.shape:
+            raise ValueError(f"dataholder: gradient shape {tuple(grad_hidden.shape)} != embeddings "
+                             f"{tuple(entry.output.shape)} for {mb_id}")
+        self.head_ledger.take(mb_id)
+        grad = grad_hidden.detach().to(entry.output.device, entry.output.dtype)
+        torch.autograd.backward(entry.output, grad)
+        self.head_ledger.done[mb_id] = None
+
+    def drop(self, mb_id: str) -> bool:
+        """Forget a microbatch's head state and labels; True if a head state was held."""
+        self._labels.pop(mb_id, None)
+        return self.head_ledger.free(mb_id)
+
+    def loss(self, mb_id: str) -> float | None:
+        """The loss computed for ``mb_id`` this iteration, if its tail ran."""
+        done = self.tail_done.get(mb_id)
+        return None if done is None else done[0]
+
+    def _end_iteration(self) -> int:
+        self.tail_done.clear()
+        self._labels.clear()
+        return self.head_ledger.end_iteration()
+
+    def memory_stats(self) -> dict[str, int]:
+        """Bytes: parameters+grads+AdamW moments, head activations saved now, and their peak."""
+        return {"parameter_bytes": self.parameter_bytes(),
+                "saved_activation_bytes": self.head_ledger.saved_bytes,
+                "peak_saved_activation_bytes": self.head_ledger.peak_saved_bytes}
