@@ -23,8 +23,12 @@ from gwtfp2p.model.tokenizer import Tokenizer
 _BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def load_documents(dataset: str, *, split: str = "train", text_column: str = "text") -> datasets.Dataset:
-    """The run's documents as a ``datasets.Dataset`` with one string column ``text``."""
+def load_documents(dataset: str, *, split: str = "train", text_column: str = "text",
+                   cache_dir: str | None = None) -> datasets.Dataset:
+    """The run's documents as a ``datasets.Dataset`` with one string column ``text``.
+
+    ``cache_dir`` is where ``datasets`` keeps its Arrow cache (default: its usual cache).
+    """
     if not dataset:
         return datasets.Dataset.from_dict({"text": list(default_corpus())})
     files = sorted(glob.glob(dataset)) if any(c in dataset for c in "*?[") else [dataset]
@@ -35,9 +39,9 @@ def load_documents(dataset: str, *, split: str = "train", text_column: str = "te
             if len(builders) != 1 or None in builders:
                 raise ConfigError(f"--dataset: {dataset!r} must name .txt, .json(l) or .parquet files of "
                                   "one kind")
-            ds = datasets.load_dataset(builders.pop(), data_files=local, split="train")
+            ds = datasets.load_dataset(builders.pop(), data_files=local, split="train", cache_dir=cache_dir)
         else:
-            ds = datasets.load_dataset(dataset, split=split)
+            ds = datasets.load_dataset(dataset, split=split, cache_dir=cache_dir)
     except ConfigError:
         raise
     except Exception as exc:  # datasets raises many types (offline, missing, malformed)
