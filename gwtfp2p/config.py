@@ -47,14 +47,14 @@ class FlowParams:
     proposal_timeout_ticks: int = 4
     request_batch: int = 4
     improve_probability: float = 0.5
-    temperature_relay: float = 0.05
-    temperature_data_holder: float = 0.05
+    temperature_relay: float = 0.01
     cooling: float = 0.95
     reheat_factor: float = 4.0
     min_temperature: float = 1e-4
     max_path_weight: float = 0.25
+    reroute_margin: float = 0.01
     reject_backoff_ticks: int = 3
-    gain_epsilon: float = 1e-9
+    gain_epsilon: float = 1e-3
 
     def __post_init__(self) -> None:
         require_positive(self.tick_s, "--flow-tick-s")
@@ -69,7 +69,6 @@ class FlowParams:
         require_probability(self.improve_probability, "--flow-improve-probability")
         require_probability(self.cooling, "--flow-cooling")
         require_positive(self.temperature_relay, "--flow-temperature-relay")
-        require_positive(self.temperature_data_holder, "--flow-temperature-data-holder")
         require(self.reheat_factor >= 1.0, "--flow-reheat-factor", "must be >= 1 (1 disables reheating)")
         require(self.max_path_weight >= 0.0, "--flow-max-path-weight", "must be >= 0")
 

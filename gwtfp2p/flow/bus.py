@@ -1,0 +1,148 @@
+"""In-memory message bus: runs N FlowNodes over a simulated network in protocol ticks.
+
+Messages take ``delay_ticks`` plus a random jitter (reordering) and may be lost with a given
+probability. Discovery is modelled as the DHT would do it: a node joining is introduced to its
+previous-, same- and next-stage nodes; a node leaving is signalled to every node that knew it.
+The bus is deterministic for a seed. Used by tests, ``gwtf flow solve`` and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+
+from gwtfp2p.config import FlowParams
+from gwtfp2p.flow.check import Snapshot, check_invariants, follow_chains
+from gwtfp2p.flow.evaluate import RoutingQuality, evaluate
+from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
+from gwtfp2p.flow.messages import Envelope
+from gwtfp2p.flow.node import FlowNode
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    delay_ticks: int = 1
+    jitter_ticks: int = 0
+    loss: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    quality: RoutingQuality
+    ticks_to_converge: int
+    ticks_run: int
+    messages: int
+    messages_to_converge: int
+    converged: bool
+
+
+class MessageBus:
+    """Nodes, the in-flight messages between them and the instance they currently form."""
+
+    def __init__(self, instance: FlowInstance, *, seed: int = 0, params: FlowParams | None = None,
+                 network: NetworkModel | None = None, check_every_tick: bool = False) -> None:
+        self.n_stages = instance.n_stages
+        self.params = params or FlowParams()
+        self.network = network or NetworkModel()
+        self.rng = random.Random(f"bus:{seed}")
+        self.seed = seed
+        self.now = 0
+        self.nodes: dict[str, FlowNode] = {}
+        self.specs: dict[str, NodeSpec] = {}
+        self.edge_costs: dict[tuple[str, str], float] = dict(instance.edge_costs)
+        self.lost_signalled: dict[str, set[str]] = defaultdict(set)
+        self.check_every_tick = check_every_tick
+        self.violations: list[str] = []
+        self.messages = 0
+        self._queue: list[tuple[int, int, str, Envelope]] = []
+        self._seq = 0
+        for spec in instance.nodes:
+            self.add_node(spec)
+
+    # -- membership ------------------------------------------------------------------------------
+    def instance(self) -> FlowInstance:
+        """The instance formed by the live nodes (for the oracle and the evaluator)."""
+        return FlowInstance(self.n_stages, tuple(self.specs[k] for k in sorted(self.specs)), {
+            k: v for k, v in self.edge_costs.items() if k[0] in self.specs and k[1] in self.specs})
+
+    def add_node(self, spec: NodeSpec, edge_costs: dict[str, float] | None = None) -> None:
+        """Start a node and introduce it to its neighbours (``edge_costs``: new edges' costs)."""
+        for other, cost in (edge_costs or {}).items():
+            self.edge_costs[edge_key(spec.node_id, other)] = cost
+        node = FlowNode(spec.node_id, spec.stage, self.n_stages, capacity=spec.capacity, supply=spec.supply,
+                        params=self.params, rng=random.Random(f"{self.seed}:{spec.node_id}"))
+        self.nodes[spec.node_id] = node
+        self.specs[spec.node_id] = spec
+        for other_id in sorted(self.nodes):
+            if other_id == spec.node_id:
+                continue
+            other = self.specs[other_id]
+            cost = self.edge_costs.get(edge_key(spec.node_id, other_id))
+            if cost is not None or other.stage == spec.stage:
+                self._deliver_all(spec.node_id, node.add_neighbour(other_id, other.stage, cost, self.now))
+                self._deliver_all(other_id, self.nodes[other_id].add_neighbour(
+                    spec.node_id, spec.stage, cost, self.now))
+
+    def remove_node(self, node_id: str) -> None:
+        """The node crashes: it vanishes and every node that knew it is told."""
+        self.nodes.pop(node_id, None)
+        self.specs.pop(node_id, None)
+        for other_id in sorted(self.nodes):
+            node = self.nodes[other_id]
+            if node_id in node.core.neighbours:
+                self._deliver_all(other_id, node.lose_neighbour(node_id, self.now))
+                self.lost_signalled[other_id].add(node_id)
+        self.lost_signalled.pop(node_id, None)
+
+    # -- message flow ----------------------------------------------------------------------------
+    def _deliver_all(self, src: str, envelopes: list[Envelope]) -> None:
+        for envelope in envelopes:
+            self.messages += 1
+            if self.network.loss and self.rng.random() < self.network.loss:
+                continue
+            delay = self.network.delay_ticks
+            if self.network.jitter_ticks:
+                delay += self.rng.randint(0, self.network.jitter_ticks)
+            self._seq += 1
+            heapq.heappush(self._queue, (self.now + max(1, delay), self._seq, src, envelope))
+
+    def step(self) -> None:
+        """One tick: deliver what is due, then tick every node."""
+        self.now += 1
+        while self._queue and self._queue[0][0] <= self.now:
+            _, _, src, envelope = heapq.heappop(self._queue)
+            node = self.nodes.get(envelope.dst)
+            if node is not None:
+                self._deliver_all(envelope.dst, node.on_message(envelope.message, self.now))
+        for node_id in sorted(self.nodes):
+            self._deliver_all(node_id, self.nodes[node_id].on_tick(self.now))
+        if self.check_every_tick:
+            snap = self.check()
+            self.violations += [f"tick {self.now}: {v}" for v in snap.violations]
+
+    def check(self) -> Snapshot:
+        return check_invariants(self.nodes, self.n_stages, self.lost_signalled)
+
+    def routing(self) -> list[tuple[str, ...]]:
+        return follow_chains(self.nodes, self.n_stages).paths
+
+    def quality(self) -> RoutingQuality:
+        return evaluate(self.instance(), self.routing())
+
+    def run(self, max_ticks: int = 2000, quiet_ticks: int = 60) -> RunResult:
+        """Step until the routing has not changed for ``quiet_ticks`` ticks (or ``max_ticks``)."""
+        start, start_messages = self.now, self.messages
+        last = sorted(self.routing())
+        last_change, messages_at_change = self.now, self.messages
+        while self.now - start < max_ticks:
+            self.step()
+            current = sorted(self.routing())
+            if current != last:
+                last, last_change, messages_at_change = current, self.now, self.messages
+            elif self.now - last_change >= quiet_ticks:
+                break
+        converged = self.now - last_change >= quiet_ticks
+        return RunResult(self.quality(), last_change - start, self.now - start, self.messages - start_messages,
+                         messages_at_change - start_messages, converged)

@@ -1,0 +1,206 @@
+"""Messages of the decentralized flow protocol (all immutable; every one names its sender).
+
+Costs are seconds (or the instance's cost unit). Edge ids name one unit on one edge
+(upstream → downstream); ``epoch`` grows each time a unit's edge changes owner, so a stale
+notice never undoes a newer one. The wire codec (wire.py) turns these into plain dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Advert:
+    """Cost to reach each sink from the sender along a path with spare capacity (inf: none)."""
+
+    sender: str
+    costs: tuple[tuple[str, float], ...]
+    spare: int
+
+
+@dataclass(frozen=True)
+class Request:
+    """Upstream asks the receiver to carry ``len(edge_ids)`` new units towards ``sink``."""
+
+    sender: str
+    sink: str
+    edge_ids: tuple[str, ...]
+    up_costs: tuple[float, ...]
+    expected_cost: float
+
+
+@dataclass(frozen=True)
+class Accept:
+    sender: str
+    edge_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Refused units, with the receiver's fresh advertisement."""
+
+    sender: str
+    edge_ids: tuple[str, ...]
+    advert: Advert
+
+
+@dataclass(frozen=True)
+class ForwardEntry:
+    """A unit the sender owns on the edge sender → receiver."""
+
+    edge_id: str
+    sink: str
+    up_cost: float
+    epoch: int
+
+
+@dataclass(frozen=True)
+class BackwardEntry:
+    """A unit the sender holds on the edge receiver → sender, with its remaining cost to the sink."""
+
+    edge_id: str
+    remaining_cost: float
+    complete: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """Soft-state refresh between neighbours; also serves as the switch notice after a move."""
+
+    sender: str
+    forward: tuple[ForwardEntry, ...] = ()
+    backward: tuple[BackwardEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Upstream dropped these units: the receiver drops them too and cascades downstream."""
+
+    sender: str
+    edge_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PushBack:
+    """Downstream dropped these units: the receiver must route them again."""
+
+    sender: str
+    edge_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MovedEntry:
+    """The unit on ``edge_id`` is now held by ``holder`` (a forwarding address after a move)."""
+
+    edge_id: str
+    holder: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Moved:
+    sender: str
+    entries: tuple[MovedEntry, ...]
+
+
+@dataclass(frozen=True)
+class TableUnit:
+    """One matched unit in a flow table: prev --in_id--> sender --out_id--> next."""
+
+    in_id: str
+    prev: str
+    out_id: str
+    next: str
+    sink: str
+    in_cost: float
+    out_cost: float
+    up_cost: float
+    down_cost: float
+
+
+@dataclass(frozen=True)
+class FlowTable:
+    """A node's matched units, its spare capacity and its edge costs, for same-stage peers."""
+
+    sender: str
+    spare: int
+    units: tuple[TableUnit, ...]
+    costs: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class UnitTransfer:
+    """Everything needed to install one edge unit handed over by a peer."""
+
+    edge_id: str
+    peer: str
+    sink: str
+    epoch: int
+    cost: float
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class ProposeTakeover:
+    """The sender offers to carry the receiver's unit prev → receiver → next as prev → sender → next."""
+
+    sender: str
+    proposal_id: str
+    in_id: str
+    out_id: str
+    my_in_cost: float
+    my_out_cost: float
+    expected_gain: float
+
+
+@dataclass(frozen=True)
+class ProposeSwap:
+    """Exchange the next hops of the sender's unit (mine) and the receiver's unit (theirs)."""
+
+    sender: str
+    proposal_id: str
+    sink: str
+    mine_in: str
+    mine_out: str
+    mine_next: str
+    theirs_in: str
+    theirs_out: str
+    my_up_cost: float
+    my_old_out_cost: float
+    my_new_out_cost: float
+    my_remaining: float
+    expected_gain: float
+
+
+@dataclass(frozen=True)
+class MoveAnswer:
+    """Answer to a proposal; an acceptance hands over the receiver's edge units."""
+
+    sender: str
+    proposal_id: str
+    accepted: bool
+    incoming: UnitTransfer | None = None
+    outgoing: UnitTransfer | None = None
+
+
+@dataclass(frozen=True)
+class SwapCommit:
+    """Second half of a swap: the proposer hands its out-unit to the acceptor."""
+
+    sender: str
+    proposal_id: str
+    outgoing: UnitTransfer
+
+
+Message = (Advert | Request | Accept | Reject | Refresh | Cancel | PushBack | Moved | FlowTable
+           | ProposeTakeover | ProposeSwap | MoveAnswer | SwapCommit)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A message addressed to ``dst``."""
+
+    dst: str
+    message: Message

@@ -1,0 +1,207 @@
+"""FlowNode: one node's side of the decentralized flow protocol, as a sans-IO state machine.
+
+Inputs are neighbour events (added, lost, cost changed), received messages and ticks carrying
+the current time; randomness comes from an injected ``random.Random``. Outputs are the messages
+to send (returned by every call) and the routing table the data plane reads. The daemon carries
+the messages over RPC, the bus and the simulator over simulated networks: the same code.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from gwtfp2p.config import FlowParams
+from gwtfp2p.flow.annealing import Annealer
+from gwtfp2p.flow.core import Neighbour, NodeCore
+from gwtfp2p.flow.growth import Adverts, Growth, PendingRequest
+from gwtfp2p.flow.messages import (
+    Accept,
+    Advert,
+    Cancel,
+    Envelope,
+    FlowTable,
+    Message,
+    MoveAnswer,
+    Moved,
+    ProposeSwap,
+    ProposeTakeover,
+    PushBack,
+    Refresh,
+    Reject,
+    Request,
+    SwapCommit,
+)
+from gwtfp2p.flow.moves import MoveExecutor, PendingMove
+from gwtfp2p.flow.softstate import SoftState
+
+
+@dataclass(frozen=True)
+class Route:
+    """One routed unit as the data plane sees it at this node."""
+
+    sink: str
+    in_edge: str | None  # None for a data holder's own units
+    prev: str | None
+    out_edge: str | None  # None at the sink
+    next: str | None
+    complete: bool
+    path_cost: float
+
+
+class FlowNode:
+    """The decentralized flow protocol for one data holder (stage 0) or relay (stage 1..S)."""
+
+    def __init__(self, node_id: str, stage: int, n_stages: int, *, capacity: int = 0, supply: int = 0,
+                 params: FlowParams | None = None, rng: random.Random | None = None) -> None:
+        if not 0 <= stage <= n_stages:
+            raise ValueError(f"stage {stage} outside 0..{n_stages}")
+        self.core = NodeCore(node_id, stage, n_stages, capacity=capacity, supply=supply,
+                             params=params or FlowParams(), rng=rng or random.Random(node_id))
+        self.adverts = Adverts(self.core)
+        self.growth = Growth(self.core)
+        self.moves = MoveExecutor(self.core)
+        self.annealer = Annealer(self.core, self.growth, self.moves)
+        self.softstate = SoftState(self.core)
+        self._handlers = {
+            Advert: self.adverts.on_advert, Request: self.growth.on_request, Accept: self.growth.on_accept,
+            Reject: self.growth.on_reject, Refresh: self.softstate.on_refresh, Cancel: self.softstate.on_cancel,
+            PushBack: self.softstate.on_push_back, Moved: self.softstate.on_moved, FlowTable: self.annealer.on_table,
+            ProposeTakeover: self.moves.on_takeover, ProposeSwap: self.moves.on_swap,
+            MoveAnswer: self.moves.on_answer, SwapCommit: self.moves.on_commit,
+        }
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def node_id(self) -> str:
+        return self.core.node_id
+
+    @property
+    def stage(self) -> int:
+        return self.core.stage
+
+    @property
+    def routing_version(self) -> int:
+        return self.core.routing_version
+
+    @property
+    def messages_sent(self) -> int:
+        return self.core.messages_sent
+
+    # -- neighbourhood events -------------------------------------------------------------------
+    def add_neighbour(self, node_id: str, stage: int, cost: float | None = None, now: int | None = None) -> list[Envelope]:
+        """A node of the previous, same or next stage became known (cost: our edge to it)."""
+        c = self._at(now)
+        if node_id == c.node_id:
+            return []
+        known = c.neighbours.get(node_id)
+        if known is None:
+            c.neighbours[node_id] = Neighbour(node_id, stage, cost)
+            self._reheat()
+        elif cost is not None and cost != known.cost:
+            self.set_edge_cost(node_id, cost)
+        return c.take_outbox()
+
+    def set_edge_cost(self, node_id: str, cost: float, now: int | None = None) -> list[Envelope]:
+        """Our measured edge cost to a neighbour changed: re-cost the units on that edge."""
+        c = self._at(now)
+        neighbour = c.neighbours.get(node_id)
+        if neighbour is None or neighbour.cost == cost:
+            return c.take_outbox()
+        delta = cost - (neighbour.cost or 0.0)
+        neighbour.cost = cost
+        for unit in c.ins.values():
+            if unit.prev == node_id:
+                unit.up_cost += delta
+                if unit.out_id:
+                    c.mark_forward(unit.out_id)
+        for out in c.outs.values():
+            if out.next == node_id:
+                out.down_cost += delta
+                if out.in_id:
+                    c.mark_backward(out.in_id)
+        self._reheat()
+        return c.take_outbox()
+
+    def lose_neighbour(self, node_id: str, now: int | None = None) -> list[Envelope]:
+        """A neighbour is gone (failed RPC, expired record): break every unit through it at once."""
+        c = self._at(now)
+        if c.neighbours.pop(node_id, None) is None:
+            return c.take_outbox()
+        for in_id in sorted(i for i, u in c.ins.items() if u.prev == node_id):
+            c.drop_in(in_id, push_back=False)
+        for out_id in sorted(o for o, u in c.outs.items() if u.next == node_id):
+            c.drop_out(out_id, cancel=False)
+        for edge_id in [e for e, t in c.tombstones.items() if t.holder == node_id]:
+            del c.tombstones[edge_id]
+        pending = c.pending
+        if isinstance(pending, PendingMove) and pending.to == node_id:
+            self.moves._end_pending(pending, rejected=False)
+        elif isinstance(pending, PendingRequest) and pending.to == node_id:
+            c.pending = None
+        self._reheat()
+        return c.take_outbox()
+
+    def set_capacity(self, capacity: int, now: int | None = None) -> list[Envelope]:
+        """Capacity changed; if below the load, the costliest units are pushed back."""
+        c = self._at(now)
+        c.capacity = max(0, capacity)
+        while len(c.ins) > c.capacity:
+            worst = max(c.ins.values(), key=lambda u: (u.up_cost + c.remaining_of(u)[0], u.edge_id))
+            c.drop_in(worst.edge_id, push_back=True)
+        self._reheat()
+        return c.take_outbox()
+
+    def _reheat(self) -> None:
+        c = self.core
+        base = c.params.temperature_relay
+        c.temperature = min(base, c.temperature * c.params.reheat_factor)
+        self.annealer._last_signature = None
+
+    def _at(self, now: int | None) -> NodeCore:
+        if now is not None:
+            self.core.now = now
+        return self.core
+
+    # -- driving ---------------------------------------------------------------------------------
+    def on_message(self, message: Message, now: int) -> list[Envelope]:
+        """Handle one received message; unknown senders' protocol messages are ignored."""
+        c = self._at(now)
+        handler = self._handlers.get(type(message))
+        if handler is not None and getattr(message, "sender", None) in c.neighbours:
+            handler(message)
+        return c.take_outbox()
+
+    def on_tick(self, now: int) -> list[Envelope]:
+        """Periodic work: adverts, soft state, move timeouts, growth, improvement."""
+        c = self._at(now)
+        self.adverts.tick()
+        self.softstate.tick()
+        self.moves.tick()
+        self.growth.tick()
+        self.annealer.tick()
+        return c.take_outbox()
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def routing_table(self) -> list[Route]:
+        """Per unit: where it comes from and where it goes next (what the data plane reads)."""
+        c = self.core
+        routes = []
+        if c.is_data_holder:
+            for out in sorted(c.outs.values(), key=lambda o: o.edge_id):
+                routes.append(Route(out.sink, None, None, out.edge_id, out.next, out.complete and out.confirmed,
+                                    out.down_cost))
+            for unit in sorted(c.ins.values(), key=lambda u: u.edge_id):
+                routes.append(Route(unit.sink, unit.edge_id, unit.prev, None, None, True, unit.up_cost))
+            return routes
+        for unit in sorted(c.ins.values(), key=lambda u: u.edge_id):
+            out = c.outs.get(unit.out_id) if unit.out_id else None
+            remaining, complete = c.remaining_of(unit)
+            routes.append(Route(unit.sink, unit.edge_id, unit.prev, out.edge_id if out else None,
+                                out.next if out else None, complete, unit.up_cost + remaining))
+        return routes
+
+    def routed_units(self) -> int:
+        """Units this data holder believes complete (its own view; the bus checks globally)."""
+        c = self.core
+        return sum(1 for o in c.outs.values() if o.confirmed and o.complete) if c.is_data_holder else 0

@@ -1,0 +1,126 @@
+"""Soft state: periodic refreshes, expiry, cancel / push-back and forwarding after moves.
+
+Every unit is refreshed by its owner in both directions; what is not refreshed within the TTL
+is dropped, so reservations never leak when messages are lost. Refreshes also carry costs and
+completeness, and an ``epoch`` that orders ownership changes; a node that handed a unit over
+answers with the new holder's address (its tombstone) instead of cancelling it.
+"""
+
+from __future__ import annotations
+
+from gwtfp2p.flow.core import NodeCore
+from gwtfp2p.flow.messages import Cancel, Moved, MovedEntry, PushBack, Refresh
+
+COST_EPS = 1e-9
+
+
+class SoftState:
+    def __init__(self, core: NodeCore) -> None:
+        self.core = core
+
+    def tick(self) -> None:
+        c = self.core
+        if c.every(c.params.refresh_period_ticks):
+            for out in c.outs.values():
+                if out.confirmed:
+                    c.mark_forward(out.edge_id)
+            for in_id in c.ins:
+                c.mark_backward(in_id)
+        self._expire()
+
+    def _expire(self) -> None:
+        c = self.core
+        ttl = c.params.soft_state_ttl_ticks
+        for in_id in sorted(c.ins):
+            unit = c.ins.get(in_id)
+            if unit is not None and c.now - unit.refreshed > ttl:
+                c.drop_in(in_id, push_back=False)
+        for out_id in sorted(c.outs):
+            out = c.outs.get(out_id)
+            if out is not None and out.confirmed and c.now - out.refreshed > ttl:
+                c.drop_out(out_id, cancel=True)
+        for unit in c.ins.values():
+            if unit.awaiting is not None and c.now >= unit.awaiting_until:
+                unit.awaiting, unit.unmatched_since = None, c.now
+        for edge_id in [e for e, t in c.tombstones.items() if t.expires <= c.now]:
+            del c.tombstones[edge_id]
+
+    def on_refresh(self, msg: Refresh) -> None:
+        c = self.core
+        if msg.sender not in c.neighbours:
+            return
+        moved, push_back, cancel = [], [], []
+        for entry in msg.forward:
+            unit = c.ins.get(entry.edge_id)
+            if unit is None:
+                (moved if entry.edge_id in c.tombstones else push_back).append(entry.edge_id)
+            elif entry.epoch >= unit.epoch:
+                unit.prev, unit.epoch, unit.refreshed = msg.sender, entry.epoch, c.now
+                if abs(entry.up_cost - unit.up_cost) > COST_EPS:
+                    unit.up_cost = entry.up_cost
+                    if unit.out_id is not None:
+                        c.mark_forward(unit.out_id)
+        for entry in msg.backward:
+            out = c.outs.get(entry.edge_id)
+            if out is None:
+                (moved if entry.edge_id in c.tombstones else cancel).append(entry.edge_id)
+            elif entry.epoch >= out.epoch:
+                self._update_out(out, msg.sender, entry.epoch, entry.remaining_cost, entry.complete)
+        if moved:
+            c.send(msg.sender, Moved(c.node_id, tuple(
+                MovedEntry(e, c.tombstones[e].holder, c.tombstones[e].epoch) for e in moved)))
+        if push_back:
+            c.send(msg.sender, PushBack(c.node_id, tuple(push_back)))
+        if cancel:
+            c.send(msg.sender, Cancel(c.node_id, tuple(cancel)))
+
+    def _update_out(self, out, sender: str, epoch: int, remaining: float, complete: bool) -> None:
+        c = self.core
+        edge = c.cost_to(sender)
+        if edge is None:
+            return
+        out.next, out.epoch, out.refreshed, out.confirmed = sender, epoch, c.now, True
+        down = edge + remaining
+        if abs(down - out.down_cost) > COST_EPS or complete != out.complete:
+            if out.complete != complete:
+                c.changed()
+            out.down_cost, out.complete = down, complete
+            if out.in_id is not None:
+                c.mark_backward(out.in_id)
+
+    def on_cancel(self, msg: Cancel) -> None:
+        c = self.core
+        for edge_id in msg.edge_ids:
+            unit = c.ins.get(edge_id)
+            if unit is not None and unit.prev == msg.sender:
+                c.drop_in(edge_id, push_back=False)
+
+    def on_push_back(self, msg: PushBack) -> None:
+        c = self.core
+        for edge_id in msg.edge_ids:
+            out = c.outs.get(edge_id)
+            if out is not None and out.next == msg.sender:
+                c.drop_out(edge_id, cancel=False)
+
+    def on_moved(self, msg: Moved) -> None:
+        c = self.core
+        for entry in msg.entries:
+            holder_cost = c.cost_to(entry.holder)
+            out = c.outs.get(entry.edge_id)
+            if out is not None and out.next == msg.sender and entry.epoch > out.epoch:
+                if holder_cost is None:
+                    c.drop_out(entry.edge_id, cancel=False)
+                else:
+                    old_edge = c.cost_to(out.next) or 0.0
+                    out.next, out.epoch, out.refreshed = entry.holder, entry.epoch, c.now
+                    out.down_cost += holder_cost - old_edge
+                    c.mark_forward(out.edge_id)
+                    c.changed()
+            unit = c.ins.get(entry.edge_id)
+            if unit is not None and unit.prev == msg.sender and entry.epoch > unit.epoch:
+                if holder_cost is None:
+                    c.drop_in(entry.edge_id, push_back=False)
+                else:
+                    unit.prev, unit.epoch, unit.refreshed = entry.holder, entry.epoch, c.now
+                    c.mark_backward(unit.edge_id)
+                    c.changed()
