@@ -38,11 +38,10 @@ class StageExecutor(Trainable):
         For an id already done this iteration the output is recomputed without keeping state;
         otherwise the forward state is kept (replacing any earlier one of the same id).
         """
-        x = hidden.detach().to(self.device)
-        if mb_id in self.ledger.done:
-            with torch.no_grad(), seeded_rng(self._seed(mb_id), self.device):
-                return self.module(x)
-        x.requires_grad_(True)
+        x = hidden.detach().to(self.device).requires_grad_(True)
+        if mb_id in self.ledger.done:  # same kernels as a kept forward (grad mode on), graph discarded
+            with torch.enable_grad(), seeded_rng(self._seed(mb_id), self.device):
+                return self.module(x).detach()
         meter = [0]
         with torch.enable_grad(), self.ledger.metering(meter), seeded_rng(self._seed(mb_id), self.device):
             out = self.module(x)
@@ -82,6 +81,7 @@ class StageExecutor(Trainable):
         return self.ledger.end_iteration()
 
     def memory_stats(self) -> dict[str, int]:
-        """Bytes: parameters+grads+AdamW moments, activations saved now, and their peak."""
+        """Bytes: parameters+grads+AdamW moments, activations saved now, at peak, and per microbatch."""
         return {"parameter_bytes": self.parameter_bytes(), "saved_activation_bytes": self.ledger.saved_bytes,
-                "peak_saved_activation_bytes": self.ledger.peak_saved_bytes}
+                "peak_saved_activation_bytes": self.ledger.peak_saved_bytes,
+                "activation_bytes_per_microbatch": self.ledger.max_microbatch_bytes}

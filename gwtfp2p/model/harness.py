@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 import torch
 
 from gwtfp2p.config import RunSpec
-from gwtfp2p.model.build import build_from_spec
 from gwtfp2p.model.executor import StageExecutor
 from gwtfp2p.model.head_tail import DataHolderExecutor
-from gwtfp2p.model.partition import split_model
+from gwtfp2p.model.replica import build_parts
 from gwtfp2p.model.trainable import StepResult
 
 
@@ -61,8 +60,7 @@ class PipelineHarness:
     def __init__(self, spec: RunSpec, vocab_size: int, *, replicas: int | Sequence[int] = 1,
                  data_holders: int = 1, dropout: float = 0.0) -> None:
         self.spec = spec
-        model = build_from_spec(spec, vocab_size, dropout=dropout)
-        parts = split_model(model, spec.n_stages, spec.partition)
+        parts = build_parts(spec, vocab_size, dropout=dropout)
         counts = [replicas] * spec.n_stages if isinstance(replicas, int) else list(replicas)
         if len(counts) != spec.n_stages or min(counts) < 1 or data_holders < 1:
             raise ValueError("need >= 1 data holder and >= 1 replica for each stage")

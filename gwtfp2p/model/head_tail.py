@@ -29,6 +29,7 @@ class DataHolderExecutor(Trainable):
         self.head_ledger = Ledger(module)
         self.tail_done: dict[str, tuple[float, torch.Tensor]] = {}
         self._labels: dict[str, torch.Tensor] = {}
+        self.peak_tail_bytes = 0
 
     def head_forward(self, mb_id: str, input_ids: torch.Tensor,
                      labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -39,9 +40,9 @@ class DataHolderExecutor(Trainable):
         ids = input_ids.to(self.device)
         self._labels[mb_id] = (ids if labels is None else labels.to(self.device)).detach()
         seed = dropout_seed(self.spec.seed, mb_id, "head") if self._seeded else None
-        if mb_id in self.head_ledger.done:
-            with torch.no_grad(), seeded_rng(seed, self.device):
-                return self.module.head(ids)
+        if mb_id in self.head_ledger.done:  # recompute the same way as a kept forward, keep nothing
+            with torch.enable_grad(), seeded_rng(seed, self.device):
+                return self.module.head(ids).detach()
         meter = [0]
         with torch.enable_grad(), self.head_ledger.metering(meter), seeded_rng(seed, self.device):
             out = self.module.head(ids)
@@ -60,9 +61,12 @@ class DataHolderExecutor(Trainable):
         if labels is None:
             raise UnknownMicrobatch(mb_id)
         x = hidden.detach().to(self.device).requires_grad_(True)
+        meter = [0]
         with torch.enable_grad():
-            loss = self.module.tail(x, labels)
+            with self.head_ledger.metering(meter):
+                loss = self.module.tail(x, labels)
             loss.backward()
+        self.peak_tail_bytes = max(self.peak_tail_bytes, meter[0])
         result = (float(loss.detach()), x.grad.detach())
         self.tail_done[mb_id] = result
         self.count += 1
@@ -97,7 +101,10 @@ class DataHolderExecutor(Trainable):
         return self.head_ledger.end_iteration()
 
     def memory_stats(self) -> dict[str, int]:
-        """Bytes: parameters+grads+AdamW moments, head activations saved now, and their peak."""
+        """Bytes: parameters+grads+AdamW moments, head activations saved now and at peak, and the
+        peak a tail call saves while it runs (logits etc., freed when it returns)."""
         return {"parameter_bytes": self.parameter_bytes(),
                 "saved_activation_bytes": self.head_ledger.saved_bytes,
-                "peak_saved_activation_bytes": self.head_ledger.peak_saved_bytes}
+                "peak_saved_activation_bytes": self.head_ledger.peak_saved_bytes,
+                "activation_bytes_per_microbatch": self.head_ledger.max_microbatch_bytes,
+                "peak_tail_activation_bytes": self.peak_tail_bytes}

@@ -58,6 +58,7 @@ class Ledger:
         self.done: dict[str, Any] = {}
         self.saved_bytes = 0
         self.peak_saved_bytes = 0
+        self.max_microbatch_bytes = 0
 
     @contextlib.contextmanager
     def metering(self, sink: list[int]) -> Iterator[None]:
@@ -80,6 +81,7 @@ class Ledger:
         self.pending[mb_id] = entry
         self.saved_bytes += entry.saved_bytes
         self.peak_saved_bytes = max(self.peak_saved_bytes, self.saved_bytes)
+        self.max_microbatch_bytes = max(self.max_microbatch_bytes, entry.saved_bytes)
 
     def peek(self, mb_id: str) -> Pending:
         """The pending forward state of ``mb_id`` (kept), or raise ``UnknownMicrobatch``."""

@@ -17,6 +17,7 @@ from torch import nn
 
 STATE_FORMAT = 1
 HASH_HEX_DIGITS = 16
+HASHED_GROUP_KEYS = ("params", "lr", "betas", "eps", "weight_decay")
 
 
 class StateError(ValueError):
@@ -46,7 +47,10 @@ def _hash(weights: Any, optimizer_state: Any | None) -> str:
     digest = hashlib.sha256()
     _feed_value(digest, "w", dict(weights))
     if optimizer_state is not None:
-        _feed_value(digest, "o", optimizer_state)
+        groups = optimizer_state.get("param_groups") or []
+        _feed_value(digest, "o", {  # hyper-parameters only: implementation flags vary across torch versions
+            "state": optimizer_state.get("state"),
+            "groups": [{k: g.get(k) for k in HASHED_GROUP_KEYS} if isinstance(g, dict) else g for g in groups]})
     return digest.hexdigest()[:HASH_HEX_DIGITS]
 
 

@@ -9,9 +9,11 @@ import torch
 
 from gwtfp2p.model.build import build_from_spec
 from gwtfp2p.model.executor import StageExecutor
+from gwtfp2p.model.harness import PipelineHarness
 from gwtfp2p.model.head_tail import DataHolderExecutor
 from gwtfp2p.model.ledger import UnknownMicrobatch
 from gwtfp2p.model.partition import split_model
+from gwtfp2p.model.replica import make_data_holder_executor, make_stage_executor
 from tests.unit.model.tiny import VOCAB, tiny_spec
 
 
@@ -134,3 +136,15 @@ def test_gradients_stay_views_of_the_flat_buffer():
     assert torch.equal(contribution.grad_sum, manual) and contribution.count == 3
     stage.apply_step([contribution])
     assert all(p.grad is not None and not p.grad.any() for p in stage.params)
+
+
+def test_nodes_build_their_part_with_the_runs_initial_weights():
+    spec = tiny_spec("llama", 3, partition=(2, 1, 1))
+    harness = PipelineHarness(spec, VOCAB, replicas=2)
+    for k in range(1, 4):
+        mine = make_stage_executor(spec, k, VOCAB)
+        assert mine.state_hash() == harness.stages[k - 1][1].state_hash()
+        assert len(mine.module.layers) == spec.partition[k - 1]
+    assert make_data_holder_executor(spec, VOCAB).state_hash() == harness.data_holders[0].state_hash()
+    with pytest.raises(ValueError):
+        make_stage_executor(spec, 4, VOCAB)
