@@ -38,7 +38,11 @@ class StageExecutor(Trainable):
         For an id already done this iteration the output is recomputed without keeping state;
         otherwise the forward state is kept (replacing any earlier one of the same id).
         """
-        x = hidden.detach().to(self.device).requires_grad_(True)
+        width = self.module.config.hidden_size
+        if hidden.dim() != 3 or hidden.shape[-1] != width or not hidden.is_floating_point():
+            raise ValueError(f"{self.kind}: input must be float [B, T, {width}], got {hidden.dtype} "
+                             f"{tuple(hidden.shape)} for {mb_id}")
+        x = hidden.detach().to(self.device, self.grad_dtype).requires_grad_(True)
         if mb_id in self.ledger.done:  # same kernels as a kept forward (grad mode on), graph discarded
             with torch.enable_grad(), seeded_rng(self._seed(mb_id), self.device):
                 return self.module(x).detach()

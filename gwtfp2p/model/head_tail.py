@@ -37,8 +37,14 @@ class DataHolderExecutor(Trainable):
 
         ``labels`` default to the input ids (next-token prediction; the loss shifts them).
         """
-        ids = input_ids.to(self.device)
-        self._labels[mb_id] = (ids if labels is None else labels.to(self.device)).detach()
+        vocab = self.module.config.vocab_size
+        if input_ids.dim() != 2 or input_ids.is_floating_point() or input_ids.is_complex() or (
+                input_ids.numel() and not 0 <= int(input_ids.min()) <= int(input_ids.max()) < vocab):
+            raise ValueError(f"dataholder: input ids must be integers [B, T] within 0..{vocab - 1}")
+        ids = input_ids.to(self.device, torch.long)
+        if labels is not None and labels.shape != ids.shape:
+            raise ValueError(f"dataholder: labels {tuple(labels.shape)} differ from inputs {tuple(ids.shape)}")
+        self._labels[mb_id] = (ids if labels is None else labels.to(self.device, torch.long)).detach()
         seed = dropout_seed(self.spec.seed, mb_id, "head") if self._seeded else None
         if mb_id in self.head_ledger.done:  # recompute the same way as a kept forward, keep nothing
             with torch.enable_grad(), seeded_rng(seed, self.device):
@@ -60,7 +66,11 @@ class DataHolderExecutor(Trainable):
         labels = self._labels.get(mb_id)
         if labels is None:
             raise UnknownMicrobatch(mb_id)
-        x = hidden.detach().to(self.device).requires_grad_(True)
+        width = self.module.config.hidden_size
+        if hidden.dim() != 3 or hidden.shape != (*labels.shape, width) or not hidden.is_floating_point():
+            raise ValueError(f"dataholder: last hidden {tuple(hidden.shape)} does not fit labels "
+                             f"{tuple(labels.shape)} for {mb_id}")
+        x = hidden.detach().to(self.device, self.grad_dtype).requires_grad_(True)
         meter = [0]
         with torch.enable_grad():
             with self.head_ledger.metering(meter):

@@ -148,3 +148,19 @@ def test_nodes_build_their_part_with_the_runs_initial_weights():
     assert make_data_holder_executor(spec, VOCAB).state_hash() == harness.data_holders[0].state_hash()
     with pytest.raises(ValueError):
         make_stage_executor(spec, 4, VOCAB)
+
+
+def test_malformed_tensors_from_the_network_are_refused():
+    spec, _, parts = _parts()
+    stage = StageExecutor(copy.deepcopy(parts.stages[0]), spec, 1)
+    dh = DataHolderExecutor(copy.deepcopy(parts.data_holder), spec)
+    for bad in (torch.randn(2, 12, 31), torch.randn(12, 32), torch.ones(2, 12, 32, dtype=torch.long)):
+        with pytest.raises(ValueError):
+            stage.forward("x", bad)
+    for bad in (torch.full((2, 12), VOCAB), torch.randn(2, 12), torch.zeros(2, 3, 4, dtype=torch.long)):
+        with pytest.raises(ValueError):
+            dh.head_forward("x", bad)
+    dh.head_forward("ok", _ids())
+    with pytest.raises(ValueError):
+        dh.tail_backward("ok", torch.randn(2, 11, 32))
+    assert stage.status("x") == "unknown" and dh.count == 0
