@@ -1,1 +1,53 @@
-"""gwtfp2p.transport (see DESIGN.md §4 and docs/architecture.md)."""
+"""gwtfp2p.transport: tensor codec, RPC servicer + client over hivemind P2P, link emulation (DESIGN.md §4).
+
+Start with ``Transport.start(p2p, handlers)`` (or ``Transport.standalone``); see docs/transport.md.
+Importing this package imports hivemind (≈3 s, mostly torch).
+"""
+
+from gwtfp2p.transport.codec import DEFAULT_PART_BYTES, TensorAssembler, iter_parts, parts_to_tensor
+from gwtfp2p.transport.errors import (
+    REMOTE_ERROR_KINDS,
+    PeerTimeout,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteError,
+    TransportError,
+)
+from gwtfp2p.transport.limits import TransportLimits
+from gwtfp2p.transport.link_emulation import GeoTable, Link, LinkEmulator, load_geo10
+from gwtfp2p.transport.messages import (
+    Ack,
+    FetchedState,
+    MicrobatchId,
+    PingResult,
+    StateBlob,
+    TransferMeta,
+)
+from gwtfp2p.transport.rpc import Transport
+from gwtfp2p.transport.servicer import TransportHandlers
+
+__all__ = [
+    "DEFAULT_PART_BYTES",
+    "REMOTE_ERROR_KINDS",
+    "Ack",
+    "FetchedState",
+    "GeoTable",
+    "Link",
+    "LinkEmulator",
+    "MicrobatchId",
+    "PeerTimeout",
+    "PeerUnreachable",
+    "PingResult",
+    "ProtocolError",
+    "RemoteError",
+    "StateBlob",
+    "TensorAssembler",
+    "TransferMeta",
+    "Transport",
+    "TransportError",
+    "TransportHandlers",
+    "TransportLimits",
+    "iter_parts",
+    "load_geo10",
+    "parts_to_tensor",
+]

@@ -1,0 +1,304 @@
+"""The one module that talks to ``hivemind.DHT``: an asyncio facade with a deadline on every call.
+
+hivemind's DHT runs in a forked child process (its p2pd is a grandchild); every call here goes
+through ``return_future=True`` and is awaited with a timeout, so the event loop never blocks.
+Owns: start/join/shutdown, publishing and reading run-spec and node records. Record formats are in
+``records.py``; RPCs over the shared libp2p daemon are the transport's business (``replicate_p2p``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hivemind.dht import DHT
+from hivemind.p2p import P2P
+from hivemind.utils import get_dht_time
+from hivemind.utils.multiaddr import Multiaddr
+
+from gwtfp2p.dht.errors import BootstrapError, DHTClosed, DHTError, DHTStartError, DHTTimeout
+from gwtfp2p.dht.hivemind_log import route_hivemind_logs
+from gwtfp2p.dht.records import (
+    NodeRecord,
+    RecordError,
+    RunSpecRecord,
+    encode_record,
+    parse_node_record,
+    parse_run_spec_record,
+)
+
+logger = logging.getLogger(__name__)
+
+CURRENT_RUN_KEY = "gwtf/current-run"
+LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
+_PR_SET_PDEATHSIG = 1
+
+
+def spec_key(run_id: str) -> str:
+    return f"gwtf/{run_id}/spec"
+
+
+def nodes_key(run_id: str) -> str:
+    return f"gwtf/{run_id}/nodes"
+
+
+def _check_maddrs(maddrs: Sequence[str], flag: str) -> list[str]:
+    checked = []
+    for maddr in maddrs:
+        try:
+            checked.append(str(Multiaddr(str(maddr))))
+        except Exception as e:  # multiaddr raises several unrelated types on garbage
+            raise DHTStartError(f"{flag}: {maddr!r} is not a multiaddr ({e}); "
+                                f"expected e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...") from e
+    return checked
+
+
+async def _arm_parent_death_signal(_dht: DHT, _node: Any, parent_pid: int) -> bool:
+    """Runs inside the DHT process: die with the owner even if it is SIGKILLed (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent_pid:  # the owner died before prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+async def _visible_maddrs(_dht: DHT, node: Any) -> list[str]:
+    return [str(m) for m in await node.get_visible_maddrs()]
+
+
+async def _daemon_listen_maddr(_dht: DHT, node: Any) -> str:
+    return str(node.p2p.daemon_listen_maddr)
+
+
+async def _peer_id(_dht: DHT, node: Any) -> str:
+    return node.peer_id.to_base58()
+
+
+def _start_error(e: BaseException, initial_peers: Sequence[str]) -> DHTError:
+    text = str(e)
+    if "failed to connect to bootstrap peers" in text or "bootstrap failed" in text:
+        return BootstrapError(f"none of the initial peers answered ({', '.join(initial_peers)}); check "
+                              f"--initial-peers (address, port, /p2p/ id) and that the peer is running")
+    if "address already in use" in text:
+        return DHTStartError(f"the listen port is taken: {text.splitlines()[-1]}; "
+                             f"pick another port in --host-maddrs or stop the other process")
+    if "already taken" in text:
+        return DHTStartError(f"{text}; another running node uses this identity file (--identity)")
+    return DHTStartError(f"the DHT failed to start: {text}")
+
+
+class SwarmDHT:
+    """Async handle on one hivemind DHT node; create with ``await SwarmDHT.create(...)``."""
+
+    def __init__(self, dht: DHT, peer_id: str, call_timeout_s: float):
+        self._dht = dht
+        self.peer_id = peer_id
+        self.call_timeout_s = call_timeout_s
+        self._p2p: P2P | None = None
+        self._last_expiration: dict[tuple[str, str | None], float] = {}
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls,
+        *,
+        initial_peers: Sequence[str] = (),
+        host_maddrs: Sequence[str] = LOOPBACK_MADDRS,
+        announce_maddrs: Sequence[str] = (),
+        identity_path: str | None = None,
+        client_mode: bool = False,
+        startup_timeout_s: float = 30.0,
+        call_timeout_s: float = 10.0,
+    ) -> SwarmDHT:
+        """Start a DHT node (a new swarm if ``initial_peers`` is empty, else join through them).
+
+        Raises ``BootstrapError`` when no initial peer answers, ``DHTStartError`` for local problems
+        (port taken, bad multiaddr, identity in use) and ``DHTTimeout`` past ``startup_timeout_s``.
+        Create it before starting threads or initializing CUDA: the DHT process is forked.
+        """
+        route_hivemind_logs()
+        peers = _check_maddrs(initial_peers, "--initial-peers")
+        kwargs: dict[str, Any] = dict(host_maddrs=_check_maddrs(host_maddrs, "--host-maddrs"),
+                                      client_mode=client_mode, startup_timeout=startup_timeout_s)
+        if announce_maddrs:
+            kwargs["announce_maddrs"] = _check_maddrs(announce_maddrs, "--announce-maddrs")
+        if identity_path is not None:
+            kwargs["identity_path"] = identity_path
+        dht = DHT(initial_peers=peers or None, start=False, await_ready=False, **kwargs)
+        dht.run_in_background(await_ready=False)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(dht.wait_until_ready, startup_timeout_s + 1.0),
+                                   startup_timeout_s + 2.0)
+        except (asyncio.TimeoutError, concurrent.futures.TimeoutError) as e:
+            await asyncio.to_thread(dht.shutdown)
+            raise DHTTimeout(f"the DHT did not start within {startup_timeout_s:.0f} s") from e
+        except Exception as e:
+            await asyncio.to_thread(dht.shutdown)
+            raise _start_error(e, peers) from e
+        self = cls(dht, peer_id="", call_timeout_s=call_timeout_s)
+        try:
+            self.peer_id = await self._run(_peer_id)
+            await self._run(_arm_parent_death_signal, parent_pid=os.getpid())
+        except DHTError:
+            await self.shutdown()
+            raise
+        return self
+
+    async def _await(self, future: concurrent.futures.Future, what: str, timeout_s: float | None) -> Any:
+        timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except asyncio.TimeoutError as e:
+            raise DHTTimeout(f"DHT {what} did not finish within {timeout_s:.1f} s") from e
+        except (BrokenPipeError, EOFError, ConnectionError) as e:
+            raise DHTClosed(f"DHT {what} failed: the DHT process is gone ({e!r})") from e
+
+    def _check_open(self, what: str) -> None:
+        if self._closed or not self._dht.is_alive():
+            raise DHTClosed(f"cannot {what}: the DHT is shut down")
+
+    async def _run(self, coro: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        self._check_open("run a DHT coroutine")
+        try:
+            future = self._dht.run_coroutine(functools.partial(coro, **kwargs), return_future=True)
+        except (BrokenPipeError, OSError) as e:
+            raise DHTClosed(f"the DHT process is gone ({e!r})") from e
+        return await self._await(future, coro.__name__.lstrip("_"), timeout_s)
+
+    async def store(self, key: str, value: bytes, expiration_time: float, subkey: str | None = None,
+                    timeout_s: float | None = None) -> bool:
+        """Store raw bytes; True if at least one DHT peer (maybe only this one) accepted the value.
+
+        An entry is replaced only by one with a later expiration; this method never goes backwards.
+        """
+        self._check_open("store")
+        previous = self._last_expiration.get((key, subkey), 0.0)
+        expiration_time = max(expiration_time, previous + 1e-3)
+        try:
+            future = self._dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
+        except (BrokenPipeError, OSError) as e:
+            raise DHTClosed(f"the DHT process is gone ({e!r})") from e
+        ok = bool(await self._await(future, f"store {key!r}", timeout_s))
+        if ok:
+            self._last_expiration[(key, subkey)] = expiration_time
+        return ok
+
+    async def get(self, key: str, latest: bool = True, timeout_s: float | None = None) -> Any:
+        """Raw ``ValueWithExpiration`` (or None) stored under ``key``."""
+        self._check_open("get")
+        try:
+            future = self._dht.get(key, latest=latest, return_future=True)
+        except (BrokenPipeError, OSError) as e:
+            raise DHTClosed(f"the DHT process is gone ({e!r})") from e
+        return await self._await(future, f"get {key!r}", timeout_s)
+
+    async def visible_maddrs(self, timeout_s: float | None = None) -> list[str]:
+        """Multiaddrs (with ``/p2p/<id>``) other peers can use as ``--initial-peers``."""
+        return await self._run(_visible_maddrs, timeout_s)
+
+    # ----- run spec -----
+
+    async def publish_run_spec(self, record: RunSpecRecord, *, ttl_s: float, current: bool = True,
+                               timeout_s: float | None = None) -> bool:
+        """Publish the spec under ``gwtf/<run_id>/spec`` (and ``gwtf/current-run`` if ``current``)."""
+        raw = encode_record(record)
+        expiration = get_dht_time() + ttl_s
+        ok = await self.store(spec_key(record.run_id), raw, expiration, timeout_s=timeout_s)
+        if current:
+            ok = await self.store(CURRENT_RUN_KEY, raw, expiration, timeout_s=timeout_s) and ok
+        return ok
+
+    async def read_run_spec(self, run_id: str, timeout_s: float | None = None) -> RunSpecRecord | None:
+        """The spec of run ``run_id``, or None if absent; ``RecordError`` if stored but invalid."""
+        found = await self.get(spec_key(run_id), timeout_s=timeout_s)
+        if found is None:
+            return None
+        record = parse_run_spec_record(found.value)
+        if record.run_id != run_id:
+            raise RecordError(f"the spec stored for run {run_id} hashes to {record.run_id} "
+                              f"(a different gwtf version?)")
+        return record
+
+    async def read_current_run(self, timeout_s: float | None = None) -> RunSpecRecord | None:
+        """The most recently published run spec (``gwtf/current-run``), or None."""
+        found = await self.get(CURRENT_RUN_KEY, timeout_s=timeout_s)
+        return None if found is None else parse_run_spec_record(found.value)
+
+    # ----- node records -----
+
+    async def publish_node(self, record: NodeRecord, *, heartbeat_s: float,
+                           timeout_s: float | None = None) -> bool:
+        """Heartbeat: store this node's record, expiring at now + 2 × ``heartbeat_s``."""
+        if record.peer_id != self.peer_id:
+            raise ValueError(f"record.peer_id {record.peer_id} is not this node ({self.peer_id})")
+        if record.updated_at == 0.0:
+            record = record.model_copy(update={"updated_at": get_dht_time()})
+        expiration = get_dht_time() + 2.0 * heartbeat_s
+        return await self.store(nodes_key(record.run_id), encode_record(record), expiration,
+                                subkey=self.peer_id, timeout_s=timeout_s)
+
+    async def publish_leaving(self, record: NodeRecord, *, heartbeat_s: float,
+                              timeout_s: float | None = None) -> bool:
+        """Announce that this node leaves: its record turns ``leaving`` until it expires."""
+        leaving = record.model_copy(update={"state": "leaving", "updated_at": get_dht_time()})
+        return await self.publish_node(leaving, heartbeat_s=heartbeat_s, timeout_s=timeout_s)
+
+    async def read_nodes(self, run_id: str, timeout_s: float | None = None) -> dict[str, NodeRecord]:
+        """All live node records of a run by peer id; invalid or spoofed entries are dropped."""
+        found = await self.get(nodes_key(run_id), timeout_s=timeout_s)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        nodes: dict[str, NodeRecord] = {}
+        for subkey, entry in found.value.items():
+            try:
+                record = parse_node_record(getattr(entry, "value", None))
+            except RecordError as e:
+                logger.debug("dropping node record under %r: %s", subkey, e)
+                continue
+            if record.peer_id != subkey or record.run_id != run_id:
+                logger.debug("dropping node record of %s stored under %r for run %s", record.peer_id,
+                             subkey, run_id)
+                continue
+            nodes[record.peer_id] = record
+        return nodes
+
+    # ----- P2P and lifecycle -----
+
+    async def replicate_p2p(self, timeout_s: float | None = None) -> P2P:
+        """An in-process handle on the DHT's libp2p daemon, for the transport's RPC handlers."""
+        if self._p2p is None:
+            maddr = await self._run(_daemon_listen_maddr, timeout_s)
+            try:
+                self._p2p = await asyncio.wait_for(P2P.replicate(Multiaddr(maddr)),
+                                                   timeout_s or self.call_timeout_s)
+            except asyncio.TimeoutError as e:
+                raise DHTTimeout("connecting to the DHT's p2p daemon timed out") from e
+        return self._p2p
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the DHT process and its p2pd; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._p2p is not None:
+            with contextlib.suppress(Exception):
+                await self._p2p.shutdown()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._dht.shutdown), timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("DHT process did not stop within %.0f s; killing it", timeout_s)
+        if self._dht.is_alive():
+            self._dht.kill()
+

@@ -1,0 +1,205 @@
+"""The RPC client side: calls a peer's ``TransportServicer`` with a deadline and typed errors.
+
+Every method takes ``timeout_s`` (the whole call, emulated link delay included) and raises only
+``TransportError`` subclasses: ``PeerUnreachable``, ``PeerTimeout``, ``RemoteError``,
+``ProtocolError``. Link emulation, when configured, delays requests before they leave and replies
+after they arrive (both directions emulated by the caller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+import torch
+from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
+from hivemind.proto import runtime_pb2
+
+from gwtfp2p.transport.codec import iter_parts, tensor_nbytes
+from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable, ProtocolError, RemoteError, TransportError
+from gwtfp2p.transport.limits import TransportLimits
+from gwtfp2p.transport.link_emulation import LinkEmulator
+from gwtfp2p.transport.messages import (
+    Ack,
+    FetchedState,
+    FetchRequest,
+    PingResult,
+    Reply,
+    TransferMeta,
+    parse_wire,
+)
+from gwtfp2p.transport.servicer import TransportServicer, sha256_hex
+
+T = TypeVar("T")
+_UNREACHABLE_ERRORS = (P2PDaemonError, ConnectionError, asyncio.IncompleteReadError, EOFError, OSError)
+
+
+def _check_reply(raw: bytes, peer_id: str) -> Reply:
+    reply = parse_wire(Reply, raw, peer_id)
+    if not reply.ok:
+        kind = reply.kind or "internal"
+        raise RemoteError(f"{peer_id} answered {kind}: {reply.message}", peer_id, kind)
+    return reply
+
+
+class TransportClient:
+    """Outgoing RPCs of one node over a hivemind ``P2P`` handle."""
+
+    def __init__(self, p2p: P2P, limits: TransportLimits, link: LinkEmulator | None = None):
+        self._p2p = p2p
+        self.limits = limits
+        self.link = link
+
+    def _peer(self, peer_id: str) -> PeerID:
+        try:
+            return PeerID.from_base58(peer_id)
+        except Exception as e:  # base58/multihash decoders raise several types
+            raise PeerUnreachable(f"{peer_id!r} is not a valid peer id", peer_id) from e
+
+    def _name(self, method: str) -> str:
+        return TransportServicer._get_handle_name(self.limits.namespace, method)
+
+    async def _delay(self, peer_id: str, size_bytes: int, include_latency: bool = True) -> None:
+        if self.link is not None:
+            await self.link.delay(peer_id, size_bytes, include_latency)
+
+    async def _deadline(self, what: str, peer_id: str, timeout_s: float, work: Awaitable[T]) -> T:
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive finite number, got {timeout_s!r}")
+        try:
+            return await asyncio.wait_for(work, timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerTimeout(f"{what} to {peer_id}: no answer within {timeout_s:.2f} s", peer_id) from None
+        except TransportError:
+            raise
+        except P2PHandlerError as e:
+            raise RemoteError(f"{what} to {peer_id} failed remotely: {e}", peer_id, "internal") from e
+        except _UNREACHABLE_ERRORS as e:
+            raise PeerUnreachable(f"{what} to {peer_id}: {str(e).splitlines()[0][:300]}", peer_id) from e
+
+    # ----- forward / backward -----
+
+    async def _parts(self, peer_id: str, meta: TransferMeta,
+                     tensor: torch.Tensor) -> AsyncIterator[runtime_pb2.ExpertRequest]:
+        await self._delay(peer_id, 0)  # latency once, then bandwidth per part (pipelined like a link)
+        metadata = meta.model_dump_json().encode()
+        for part in iter_parts(tensor, self.limits.part_bytes):
+            await self._delay(peer_id, len(part.buffer), include_latency=False)
+            yield runtime_pb2.ExpertRequest(metadata=metadata, tensors=[part])
+            metadata = b""
+
+    async def _transfer(self, method: str, peer_id: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
+        peer = self._peer(peer_id)
+        if tensor_nbytes(tensor) > self.limits.max_tensor_bytes:
+            raise ValueError(f"tensor of {tensor_nbytes(tensor)} bytes exceeds max_tensor_bytes")
+        stream = await self._p2p.iterate_protobuf_handler(peer, self._name(method),
+                                                          self._parts(peer_id, meta, tensor),
+                                                          runtime_pb2.ExpertResponse)
+        try:
+            async for response in stream:
+                reply = _check_reply(response.metadata, peer_id)
+                await self._delay(peer_id, len(response.metadata))
+                if reply.ack is None:
+                    raise ProtocolError(f"{method} reply without an ack", peer_id)
+                return reply.ack
+        finally:
+            await stream.aclose()
+        raise PeerUnreachable(f"{method} to {peer_id}: the stream closed without a reply", peer_id)
+
+    async def forward(self, peer_id: str, meta: TransferMeta, tensor: torch.Tensor, *,
+                      timeout_s: float) -> Ack:
+        """Send activations for the next hop; returns the receiver's immediate ``Ack``."""
+        return await self._deadline("forward", peer_id, timeout_s,
+                                    self._transfer("rpc_forward", peer_id, meta, tensor))
+
+    async def backward(self, peer_id: str, meta: TransferMeta, tensor: torch.Tensor, *,
+                       timeout_s: float) -> Ack:
+        """Send gradients to the previous hop; returns the receiver's immediate ``Ack``."""
+        return await self._deadline("backward", peer_id, timeout_s,
+                                    self._transfer("rpc_backward", peer_id, meta, tensor))
+
+    # ----- unary calls -----
+
+    async def _unary(self, method: str, peer_id: str, metadata: bytes) -> Reply:
+        peer = self._peer(peer_id)
+        await self._delay(peer_id, len(metadata))
+        response = await self._p2p.call_protobuf_handler(peer, self._name(method),
+                                                         runtime_pb2.ExpertRequest(metadata=metadata),
+                                                         runtime_pb2.ExpertResponse)
+        reply = _check_reply(response.metadata, peer_id)
+        await self._delay(peer_id, len(response.metadata))
+        return reply
+
+    async def send_flow(self, peer_id: str, payload: bytes, *, timeout_s: float) -> None:
+        """Deliver one flow-protocol message; returns once the peer's handler has taken it."""
+        if len(payload) > self.limits.max_flow_payload_bytes:
+            raise ValueError(f"flow message of {len(payload)} bytes exceeds max_flow_payload_bytes")
+        await self._deadline("flow message", peer_id, timeout_s,
+                             self._unary("rpc_flow", peer_id, bytes(payload)))
+
+    async def _ping(self, peer_id: str) -> PingResult:
+        nonce = int.from_bytes(os.urandom(8), "big") & (2**63 - 1)
+        started = time.monotonic()
+        started_wall = time.time()
+        reply = await self._unary("rpc_ping", peer_id, nonce.to_bytes(8, "big"))
+        rtt_s = time.monotonic() - started
+        if reply.ping is None or reply.ping.nonce != nonce:
+            raise ProtocolError("ping reply without the nonce sent", peer_id)
+        return PingResult(rtt_s=rtt_s, clock_offset_s=reply.ping.peer_time - (started_wall + rtt_s / 2))
+
+    async def ping(self, peer_id: str, *, timeout_s: float) -> PingResult:
+        """Measure the round trip time to a peer (and its clock offset)."""
+        return await self._deadline("ping", peer_id, timeout_s, self._ping(peer_id))
+
+    # ----- state download -----
+
+    async def _fetch_state(self, peer_id: str, stage: int, max_bytes: int) -> FetchedState:
+        peer = self._peer(peer_id)
+        request = runtime_pb2.ExpertRequest(metadata=FetchRequest(stage=stage).model_dump_json().encode())
+        await self._delay(peer_id, len(request.metadata))
+        stream = await self._p2p.iterate_protobuf_handler(peer, self._name("rpc_fetch_state"), request,
+                                                          runtime_pb2.ExpertResponse)
+        try:
+            header = None
+            data = bytearray()
+            async for response in stream:
+                if header is None:
+                    header = _check_reply(response.metadata, peer_id).state
+                    if header is None:
+                        raise ProtocolError("state reply without a header", peer_id)
+                    if header.size_bytes > max_bytes:
+                        raise ProtocolError(f"state of {header.size_bytes} bytes exceeds {max_bytes}",
+                                            peer_id)
+                    await self._delay(peer_id, len(response.metadata))
+                else:
+                    if len(data) + len(response.metadata) > header.size_bytes:
+                        raise ProtocolError("state data overruns its header", peer_id)
+                    data += response.metadata
+                    await self._delay(peer_id, len(response.metadata), include_latency=False)
+                if len(data) == header.size_bytes:
+                    break  # complete: the server keeps the stream open until we close it
+        finally:
+            await stream.aclose()
+        if header is None:
+            raise PeerUnreachable(f"state download from {peer_id}: the stream closed without a reply",
+                                  peer_id)
+        if len(data) != header.size_bytes:
+            raise PeerUnreachable(f"state download from {peer_id} cut at {len(data)} of "
+                                  f"{header.size_bytes} bytes", peer_id)
+        blob = bytes(data)
+        del data
+        digest = await sha256_hex(blob)
+        if digest != header.sha256:
+            raise ProtocolError(f"state from {peer_id} fails its sha256 check", peer_id)
+        return FetchedState(stage=header.stage, iteration=header.iteration, data=blob, sha256=digest)
+
+    async def fetch_state(self, peer_id: str, stage: int, *, timeout_s: float,
+                          max_bytes: int | None = None) -> FetchedState:
+        """Download a stage's weights + optimizer state from a replica; size and sha256 are checked."""
+        limit = self.limits.max_state_bytes if max_bytes is None else max_bytes
+        return await self._deadline("fetch_state", peer_id, timeout_s,
+                                    self._fetch_state(peer_id, stage, limit))

@@ -1,0 +1,36 @@
+"""Limits and tunables of the transport (sizes, server-side deadlines), validated once.
+
+Client-side deadlines are per call (``timeout_s``); these are the server's own guards against
+slow or hostile peers, and the sizes both sides agree on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gwtfp2p.config import require, require_positive
+from gwtfp2p.transport.codec import DEFAULT_PART_BYTES
+
+UNARY_LIMIT_BYTES = 4 * 2**20  # hivemind's unary message cap
+
+
+@dataclass(frozen=True)
+class TransportLimits:
+    part_bytes: int = DEFAULT_PART_BYTES  # size of one streamed tensor/state part
+    max_tensor_bytes: int = 2**30  # largest activation/gradient a server accepts
+    max_state_bytes: int = 64 * 2**30  # largest state a client downloads
+    max_flow_payload_bytes: int = 256 * 2**10  # flow-protocol messages are small
+    handler_timeout_s: float = 10.0  # a TransportHandlers callback must answer within this
+    part_timeout_s: float = 30.0  # a server drops a stream idle for this long
+    namespace: str = "gwtf"  # RPC handler namespace (peers of other namespaces cannot call us)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.part_bytes, int) and 4096 <= self.part_bytes <= UNARY_LIMIT_BYTES // 2,
+                "--rpc-part-bytes", f"must be an integer in [4096, {UNARY_LIMIT_BYTES // 2}]")
+        require(self.max_tensor_bytes >= 1 and self.max_state_bytes >= 1, "--rpc-max-bytes", "must be >= 1")
+        require(1 <= self.max_flow_payload_bytes <= UNARY_LIMIT_BYTES - 4096, "--rpc-max-flow-bytes",
+                f"must be within [1, {UNARY_LIMIT_BYTES - 4096}] (hivemind's unary cap is 4 MiB)")
+        require_positive(self.handler_timeout_s, "--rpc-handler-timeout-s")
+        require_positive(self.part_timeout_s, "--rpc-part-timeout-s")
+        require(bool(self.namespace) and self.namespace.isascii(), "--rpc-namespace",
+                "must be non-empty ASCII")

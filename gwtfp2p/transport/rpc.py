@@ -1,0 +1,96 @@
+"""``Transport``: one node's RPC endpoint (servicer registered + client), the daemon's entry point.
+
+Built on a hivemind ``P2P`` handle: the DHT's (``await swarm_dht.replicate_p2p()``) in a daemon,
+or a standalone one (``Transport.standalone``) in tests and benchmarks. Peers are named by base58
+peer id strings, so callers never import hivemind. Owns registration and shutdown, not the calls
+themselves (``client.py``) nor their handling (``servicer.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from hivemind.p2p import P2P, PeerID
+from hivemind.utils.multiaddr import Multiaddr
+
+from gwtfp2p.transport.client import TransportClient
+from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable
+from gwtfp2p.transport.limits import TransportLimits
+from gwtfp2p.transport.link_emulation import LinkEmulator
+from gwtfp2p.transport.servicer import TransportHandlers, TransportServicer
+
+logger = logging.getLogger(__name__)
+
+
+class Transport(TransportClient):
+    """RPC endpoint of one node: serves ``handlers``; calls other nodes with the inherited
+    ``forward``/``backward``/``send_flow``/``ping``/``fetch_state`` (see ``TransportClient``)."""
+
+    def __init__(self, p2p: P2P, servicer: TransportServicer, link: LinkEmulator | None, owns_p2p: bool):
+        super().__init__(p2p, servicer.limits, link)
+        self._servicer = servicer
+        self._owns_p2p = owns_p2p
+        self._closed = False
+        self.peer_id: str = p2p.peer_id.to_base58()
+
+    @classmethod
+    async def start(cls, p2p: P2P, handlers: TransportHandlers, *, limits: TransportLimits | None = None,
+                    link: LinkEmulator | None = None, owns_p2p: bool = False) -> Transport:
+        """Register the RPC handlers on ``p2p`` and return the endpoint."""
+        limits = limits or TransportLimits()
+        servicer = TransportServicer(handlers, limits)
+        await servicer.add_p2p_handlers(p2p, namespace=limits.namespace)
+        return cls(p2p, servicer, link, owns_p2p)
+
+    @classmethod
+    async def standalone(cls, handlers: TransportHandlers, *, initial_peers: Sequence[str] = (),
+                         host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
+                         limits: TransportLimits | None = None, link: LinkEmulator | None = None,
+                         startup_timeout_s: float = 15.0) -> Transport:
+        """A transport on its own libp2p daemon (no DHT): for tests, benchmarks and tools."""
+        p2p = await P2P.create(initial_peers=list(initial_peers) or None, host_maddrs=list(host_maddrs),
+                               startup_timeout=startup_timeout_s)
+        try:
+            return await cls.start(p2p, handlers, limits=limits, link=link, owns_p2p=True)
+        except BaseException:
+            await p2p.shutdown()
+            raise
+
+    @property
+    def p2p(self) -> P2P:
+        """The underlying hivemind handle (benchmarks and tools; the daemon has no need of it)."""
+        return self._p2p
+
+    async def visible_maddrs(self) -> list[str]:
+        """This node's multiaddrs, each ending in ``/p2p/<peer id>``."""
+        return [str(m) for m in await self._p2p.get_visible_maddrs()]
+
+    async def connect(self, peer_id: str, maddrs: Sequence[str], *, timeout_s: float) -> None:
+        """Open a connection to a peer at known addresses (e.g. from its DHT record)."""
+        try:
+            peer = PeerID.from_base58(peer_id)
+            addrs = [Multiaddr(m) for m in maddrs]
+        except Exception as e:
+            raise PeerUnreachable(f"bad peer id or address for {peer_id}: {e}", peer_id) from e
+        try:
+            # hivemind's P2P has no public connect(); its daemon client does
+            await asyncio.wait_for(self._p2p._client.connect(peer, addrs), timeout_s)
+        except asyncio.TimeoutError:
+            raise PeerTimeout(f"connecting to {peer_id} took over {timeout_s:.1f} s", peer_id) from None
+        except Exception as e:
+            raise PeerUnreachable(f"cannot connect to {peer_id}: {str(e).splitlines()[0][:300]}",
+                                  peer_id) from e
+
+    async def close(self) -> None:
+        """Stop serving (and stop the libp2p daemon if this transport started it); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            removal = self._servicer.remove_p2p_handlers(self._p2p, namespace=self.limits.namespace)
+            await asyncio.wait_for(removal, 5.0)
+        if self._owns_p2p:
+            await self._p2p.shutdown()
