@@ -81,7 +81,9 @@ class RunSpec:
     """Everything that defines one training run; a run is named by the hash of this spec.
 
     ``partition`` optionally gives the number of decoder layers of each relay stage explicitly;
-    empty means a balanced split of the preset's layers over ``n_stages``.
+    empty means a balanced split of the preset's layers over ``n_stages``. ``vocab_size`` is the
+    model's vocabulary (every node needs it to build the same initial weights, even those without
+    the tokenizer); 0 means the byte tokenizer's 257.
     """
 
     model_family: str = "gpt2"
@@ -100,6 +102,7 @@ class RunSpec:
     microbatches_per_dh: int = 4
     dataset: str = ""
     tokenizer: str = "bytes"
+    vocab_size: int = 0
 
     def __post_init__(self) -> None:
         require(self.model_family in MODEL_FAMILIES, "--model-family",
@@ -122,3 +125,9 @@ class RunSpec:
             require(isinstance(value, int) and value >= 1, flag, f"must be an integer >= 1, got {value!r}")
         require(self.tokenizer == "bytes" or bool(self.tokenizer), "--tokenizer",
                 "use 'bytes' or a local transformers tokenizer path")
+        require(isinstance(self.vocab_size, int) and self.vocab_size >= 0, "--vocab-size",
+                f"must be an integer >= 0 (0: the byte tokenizer's 257), got {self.vocab_size!r}")
+        require(self.tokenizer == "bytes" or self.vocab_size > 0, "--vocab-size",
+                "is required with a transformers tokenizer (set it to the tokenizer's length)")
+        require(self.tokenizer != "bytes" or self.vocab_size == 0 or self.vocab_size >= 257,
+                "--vocab-size", f"must be 0 or >= 257 with the byte tokenizer, got {self.vocab_size}")

@@ -12,6 +12,7 @@ from transformers import GPT2LMHeadModel, LlamaForCausalLM, PreTrainedModel
 
 from gwtfp2p.config import ConfigError, RunSpec
 from gwtfp2p.model.presets import get_preset, model_config
+from gwtfp2p.model.tokenizer import run_vocab_size
 
 
 def build_model(family: str, preset: str, vocab_size: int, *, seed: int, dropout: float = 0.0,
@@ -31,12 +32,16 @@ def build_model(family: str, preset: str, vocab_size: int, *, seed: int, dropout
     return model
 
 
-def build_from_spec(spec: RunSpec, vocab_size: int, *, dropout: float = 0.0,
+def build_from_spec(spec: RunSpec, vocab_size: int | None = None, *, dropout: float = 0.0,
                     eos_token_id: int | None = None) -> PreTrainedModel:
-    """``build_model`` for a run spec; checks that ``spec.seq_len`` fits the preset's positions."""
+    """``build_model`` for a run spec; checks that ``spec.seq_len`` fits the preset's positions.
+
+    ``vocab_size`` defaults to the run's (``spec.vocab_size``, or 257 for the byte tokenizer).
+    """
     shape = get_preset(spec.model_family, spec.model_preset)
     if spec.seq_len > shape.max_positions:
         raise ConfigError(f"--seq-len: {spec.seq_len} exceeds the {spec.model_family}/{spec.model_preset} "
                           f"preset's {shape.max_positions} positions; use a shorter sequence")
-    return build_model(spec.model_family, spec.model_preset, vocab_size, seed=spec.seed, dropout=dropout,
+    vocab = vocab_size if vocab_size is not None else run_vocab_size(spec)
+    return build_model(spec.model_family, spec.model_preset, vocab, seed=spec.seed, dropout=dropout,
                        eos_token_id=eos_token_id)

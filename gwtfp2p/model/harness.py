@@ -57,7 +57,7 @@ class IterationResult:
 class PipelineHarness:
     """Data holders and stage replicas of one run, all in this process."""
 
-    def __init__(self, spec: RunSpec, vocab_size: int, *, replicas: int | Sequence[int] = 1,
+    def __init__(self, spec: RunSpec, vocab_size: int | None = None, *, replicas: int | Sequence[int] = 1,
                  data_holders: int = 1, dropout: float = 0.0) -> None:
         self.spec = spec
         parts = build_parts(spec, vocab_size, dropout=dropout)

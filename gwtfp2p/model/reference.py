@@ -25,8 +25,8 @@ CLIP_MODES = ("per_part", "global")
 class ReferenceTrainer:
     """The unsplit model, trained one iteration (a list of microbatches) at a time."""
 
-    def __init__(self, spec: RunSpec, vocab_size: int, *, clip: str = "per_part", dropout: float = 0.0,
-                 model: PreTrainedModel | None = None) -> None:
+    def __init__(self, spec: RunSpec, vocab_size: int | None = None, *, clip: str = "per_part",
+                 dropout: float = 0.0, model: PreTrainedModel | None = None) -> None:
         if clip not in CLIP_MODES:
             raise ValueError(f"clip must be one of {CLIP_MODES}, got {clip!r}")
         self.spec = spec

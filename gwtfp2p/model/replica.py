@@ -16,13 +16,16 @@ from gwtfp2p.model.head_tail import DataHolderExecutor
 from gwtfp2p.model.partition import ModelParts, split_model
 
 
-def build_parts(spec: RunSpec, vocab_size: int, *, dropout: float = 0.0) -> ModelParts:
-    """The run's initial model, split as the spec says (head+tail and S stages)."""
+def build_parts(spec: RunSpec, vocab_size: int | None = None, *, dropout: float = 0.0) -> ModelParts:
+    """The run's initial model, split as the spec says (head+tail and S stages).
+
+    ``vocab_size`` defaults to the run's (see ``tokenizer.run_vocab_size``).
+    """
     return split_model(build_from_spec(spec, vocab_size, dropout=dropout), spec.n_stages, spec.partition)
 
 
-def make_stage_executor(spec: RunSpec, stage_index: int, vocab_size: int, *, device: str = "cpu",
-                        dropout: float = 0.0) -> StageExecutor:
+def make_stage_executor(spec: RunSpec, stage_index: int, vocab_size: int | None = None, *,
+                        device: str = "cpu", dropout: float = 0.0) -> StageExecutor:
     """A replica of stage ``stage_index`` (1-based) with the run's initial weights, on ``device``."""
     if not 1 <= stage_index <= spec.n_stages:
         raise ValueError(f"stage {stage_index} is not within 1..{spec.n_stages}")
@@ -30,7 +33,7 @@ def make_stage_executor(spec: RunSpec, stage_index: int, vocab_size: int, *, dev
     return StageExecutor(module.to(torch.device(device)), spec, stage_index)
 
 
-def make_data_holder_executor(spec: RunSpec, vocab_size: int, *, device: str = "cpu",
+def make_data_holder_executor(spec: RunSpec, vocab_size: int | None = None, *, device: str = "cpu",
                               dropout: float = 0.0) -> DataHolderExecutor:
     """A data holder's head+tail replica with the run's initial weights, on ``device``."""
     module = build_parts(spec, vocab_size, dropout=dropout).data_holder

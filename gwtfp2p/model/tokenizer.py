@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from gwtfp2p.config import ConfigError
+from gwtfp2p.config import ConfigError, RunSpec
 
 
 class Tokenizer(Protocol):
@@ -62,6 +62,24 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
+
+
+def run_vocab_size(spec: RunSpec) -> int:
+    """The model vocabulary of a run: ``spec.vocab_size``, or 257 for the byte tokenizer."""
+    if spec.vocab_size:
+        return spec.vocab_size
+    if spec.tokenizer == "bytes":
+        return ByteTokenizer.vocab_size
+    raise ConfigError("--vocab-size: is required with a transformers tokenizer")
+
+
+def tokenizer_for(spec: RunSpec) -> Tokenizer:
+    """The run's tokenizer, checked to fit the run's model vocabulary (data holders only)."""
+    tokenizer = load_tokenizer(spec.tokenizer)
+    if tokenizer.vocab_size > run_vocab_size(spec):
+        raise ConfigError(f"--vocab-size: the tokenizer has {tokenizer.vocab_size} ids, more than the "
+                          f"run's {run_vocab_size(spec)}")
+    return tokenizer
 
 
 def load_tokenizer(name: str) -> Tokenizer:

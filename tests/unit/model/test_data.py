@@ -11,7 +11,7 @@ import torch
 from gwtfp2p.config import ConfigError
 from gwtfp2p.model.corpus import default_corpus
 from gwtfp2p.model.data import MicrobatchSampler, load_documents, sampler_for, tokenize_documents
-from gwtfp2p.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from gwtfp2p.model.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer, run_vocab_size, tokenizer_for
 from tests.unit.model.tiny import tiny_spec
 
 
@@ -36,6 +36,11 @@ def test_local_transformers_tokenizer(tmp_path):
     assert tok.encode("hello world") == [2, 3]
     with pytest.raises(ConfigError, match="--tokenizer"):
         load_tokenizer(str(tmp_path / "missing"))
+    spec = tiny_spec(tokenizer=str(tmp_path), vocab_size=8)  # the model may have spare ids
+    assert run_vocab_size(spec) == 8 and tokenizer_for(spec).vocab_size == 4
+    with pytest.raises(ConfigError, match="--vocab-size"):
+        tokenizer_for(tiny_spec(tokenizer=str(tmp_path), vocab_size=3))
+    assert run_vocab_size(tiny_spec()) == 257
 
 
 def test_local_files_of_each_kind(tmp_path):
