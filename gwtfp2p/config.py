@@ -51,8 +51,7 @@ class FlowParams:
     cooling: float = 0.95
     reheat_factor: float = 4.0
     min_temperature: float = 1e-4
-    max_path_weight: float = 0.25
-    reroute_margin: float = 0.01
+    max_path_weight: float = 0.5
     reject_backoff_ticks: int = 3
     gain_epsilon: float = 1e-3
 

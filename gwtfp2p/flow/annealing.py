@@ -21,14 +21,13 @@ from gwtfp2p.flow.objective import gain as objective_gain
 
 @dataclass(frozen=True)
 class Candidate:
-    kind: str  # "takeover" | "swap" | "reroute"
+    kind: str  # "takeover" | "swap" | "exchange"
     gain: float
     peer: str = ""
     unit: TableUnit | None = None
     mine: tuple[InUnit | None, OutUnit] | None = None
     costs: tuple[float, float] = (0.0, 0.0)
-    via: Neighbour | None = None
-    expected: float = 0.0
+    mine_row: TableUnit | None = None
 
 
 class Annealer:
@@ -94,10 +93,9 @@ class Annealer:
             c.send(peer.node_id, table)
         self._last_table, self._last_table_tick = table, c.now
 
-    def _maybe_reroute_only(self) -> None:
-        c = self.core
-        if c.pending is None and c.demand() == 0 and c.rng.random() < c.params.improve_probability:
-            self._improve("reroute", self._reroutes)
+    def forget(self) -> None:
+        """Drop remembered evaluations (the neighbourhood changed)."""
+        self._memo.clear()
 
     def _pick_peer(self) -> tuple[Neighbour, FlowTable] | None:
         tables = self._fresh_tables()
@@ -108,8 +106,8 @@ class Annealer:
         if choice is None:
             return
         peer, table = choice
-        self._improve(peer.node_id, lambda: self._best_of(self._takeovers(peer, table), self._swaps(peer, table)),
-                      hash(table))
+        self._improve(peer.node_id, lambda: self._best_of(
+            self._takeovers(peer, table), self._swaps(peer, table), self._exchanges(peer, table)), hash(table))
 
     @staticmethod
     def _best_of(*candidates: Candidate | None) -> Candidate | None:
@@ -120,7 +118,7 @@ class Annealer:
         """Evaluate (or recall) the best move of one kind and execute it when it is accepted."""
         c = self.core
         scale = c.cost_scale()
-        signature = (c.routing_version, c.spare() > 0, extra, self._advert_signature() if key == "reroute" else 0)
+        signature = (c.routing_version, c.spare() > 0, extra)
         memo = self._memo.get(key)
         if memo is not None and memo[0] == signature:
             best = memo[1]  # nothing changed since: only a Metropolis draw can differ
@@ -129,12 +127,8 @@ class Annealer:
             self._memo[key] = (signature, best)
         if best is None:
             return
-        if best.gain > c.params.gain_epsilon * scale or (best.kind != "reroute" and self._metropolis(best.gain, scale)):
+        if best.gain > c.params.gain_epsilon * scale or self._metropolis(best.gain, scale):
             self._execute(best)
-
-    def _advert_signature(self) -> int:
-        return hash(tuple((n.node_id, n.spare > 0, tuple(sorted(n.advert.items())))
-                          for n in self.core.next_neighbours()))
 
     def _metropolis(self, gain: float, scale: float) -> bool:
         """Accept a worse move with probability exp(gain / T); never a (near) zero-gain one."""
@@ -146,12 +140,11 @@ class Annealer:
         return accept
 
     def _execute(self, move: Candidate) -> None:
-        c = self.core
         self._memo.clear()
-        if move.kind == "reroute":
-            self.growth.reroute(move.mine[1], move.via, move.expected)
-        elif move.kind == "takeover":
+        if move.kind == "takeover":
             self.moves.propose_takeover(move.peer, move.unit, move.costs, move.gain)
+        elif move.kind == "exchange":
+            self.moves.propose_exchange(move.peer, move.unit, move.mine_row, move.costs, move.gain)
         else:
             self.moves.propose_swap(move.peer, move.unit, move.mine, move.costs, move.gain)
 
@@ -209,27 +202,33 @@ class Annealer:
         u, unit, out, d_qa, d_pb = best
         return Candidate("swap", best_gain, peer.node_id, u, (unit, out), costs=(d_qa, d_pb))
 
-    def _reroutes(self) -> Candidate | None:
+    def _exchanges(self, peer: Neighbour, table: FlowTable) -> Candidate | None:
+        """Whole-unit exchanges: loads stay, so they help where capacity binds (any sinks)."""
         c = self.core
         weight = c.params.max_path_weight
-        margin = c.params.reroute_margin * c.cost_scale()
-        found: list[Candidate] = []
-        for out_id in sorted(c.outs):
-            out = c.outs[out_id]
-            if not (out.confirmed and out.complete):
+        their_costs = dict(table.costs)
+        mine = self.table().units
+        best, best_gain = None, -math.inf
+        for m in mine:
+            d_aq, d_qb = their_costs.get(m.prev), their_costs.get(m.next)
+            if d_aq is None or d_qb is None:
                 continue
-            if not c.is_data_holder and (out.in_id is None or out.in_id in self.moves.locked):
-                continue
-            choice = self.growth.best_next(out.sink, exclude=out.next)
-            if choice is None:
-                continue
-            neighbour, alternative = choice
-            if alternative - out.down_cost < -margin:
-                up = c.ins[out.in_id].up_cost if out.in_id is not None else 0.0
-                gain = objective_gain([up + out.down_cost], [up + alternative], weight)
-                found.append(Candidate("reroute", gain, mine=(None, out), via=neighbour,
-                                       expected=alternative - neighbour.cost))
-        return self._best_of(*found)
-
+            m_old = m.up_cost + m.down_cost
+            m_new = m_old - m.in_cost - m.out_cost + d_aq + d_qb
+            for u in table.units:
+                if u.prev == m.prev and u.next == m.next:
+                    continue
+                d_cp, d_pd = c.cost_to(u.prev), c.cost_to(u.next)
+                if d_cp is None or d_pd is None:
+                    continue
+                u_old = u.up_cost + u.down_cost
+                u_new = u_old - u.in_cost - u.out_cost + d_cp + d_pd
+                gain = objective_gain((m_old, u_old), (m_new, u_new), weight)
+                if gain > best_gain:
+                    best, best_gain = (u, m, d_cp, d_pd), gain
+        if best is None:
+            return None
+        u, m, d_cp, d_pd = best
+        return Candidate("exchange", best_gain, peer.node_id, u, costs=(d_cp, d_pd), mine_row=m)
 
 __all__ = ["Annealer", "Candidate", "PendingMove"]

@@ -112,7 +112,7 @@ class MessageBus:
         """One tick: deliver what is due, then tick every node."""
         self.now += 1
         while self._queue and self._queue[0][0] <= self.now:
-            _, _, src, envelope = heapq.heappop(self._queue)
+            _, _, _src, envelope = heapq.heappop(self._queue)
             node = self.nodes.get(envelope.dst)
             if node is not None:
                 self._deliver_all(envelope.dst, node.on_message(envelope.message, self.now))

@@ -109,6 +109,7 @@ class NodeCore:
         self._dirty_forward: set[str] = set()
         self._dirty_backward: set[str] = set()
         self.phase = rng.randrange(1_000_000)
+        self._roles: tuple[list[Neighbour], list[Neighbour], list[Neighbour]] | None = None
 
     # -- identity and neighbourhood -------------------------------------------------------
     @property
@@ -124,16 +125,28 @@ class NodeCore:
         return self.n_stages if self.stage == 0 else self.stage - 1
 
     def next_neighbours(self) -> list[Neighbour]:
-        return [n for n in self._sorted_neighbours() if n.stage == self.next_stage and n.cost is not None]
+        return self._by_role()[0]
 
     def prev_neighbours(self) -> list[Neighbour]:
-        return [n for n in self._sorted_neighbours() if n.stage == self.prev_stage and n.cost is not None]
+        return self._by_role()[1]
 
     def peers(self) -> list[Neighbour]:
-        return [n for n in self._sorted_neighbours() if n.stage == self.stage and n.node_id != self.node_id]
+        return self._by_role()[2]
 
-    def _sorted_neighbours(self) -> list[Neighbour]:
-        return [self.neighbours[k] for k in sorted(self.neighbours)]
+    def neighbours_changed(self) -> None:
+        """Call after adding or removing a neighbour or changing an edge cost."""
+        self._roles = None
+
+    def _by_role(self) -> tuple[list[Neighbour], list[Neighbour], list[Neighbour]]:
+        """(next stage, previous stage, same stage) neighbours sorted by id, cached."""
+        if self._roles is None:
+            ordered = [self.neighbours[k] for k in sorted(self.neighbours)]
+            self._roles = (
+                [n for n in ordered if n.stage == self.next_stage and n.cost is not None],
+                [n for n in ordered if n.stage == self.prev_stage and n.cost is not None],
+                [n for n in ordered if n.stage == self.stage and n.node_id != self.node_id],
+            )
+        return self._roles
 
     def cost_to(self, node_id: str) -> float | None:
         neighbour = self.neighbours.get(node_id)

@@ -8,6 +8,7 @@ is used only by tests, the oracle, the bus and the simulator, never by a FlowNod
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ class RoutingQuality:
 def path_cost(instance: FlowInstance, path: Path) -> float:
     """Sum of edge costs along ``path``; raises RoutingError if an edge is missing."""
     total = 0.0
-    for a, b in zip(path, path[1:]):
+    for a, b in itertools.pairwise(path):
         cost = instance.cost(a, b)
         if cost is None:
             raise RoutingError(f"path {path} uses a missing edge ({a}, {b})")

@@ -17,13 +17,12 @@ from gwtfp2p.flow.messages import Accept, Advert, Reject, Request
 
 @dataclass
 class PendingRequest:
-    """The one outstanding request; ``replaces`` names the out-unit a re-route supersedes."""
+    """The one outstanding growth request of this node."""
 
     to: str
     sink: str
     unresolved: set[str] = field(default_factory=set)
     deadline: int = 0
-    replaces: str | None = None
 
 
 class Adverts:
@@ -131,45 +130,23 @@ class Growth:
                      expected - neighbour.cost)
 
     def request(self, neighbour: Neighbour, sink: str, units: list[InUnit | None],
-                expected_cost: float, replaces: str | None = None) -> list[str]:
-        """Create requested out-units for ``units`` and send one Request; returns the edge ids.
-
-        With ``replaces`` (a re-route), the new out-unit stays unmatched until it is accepted:
-        the old one keeps carrying the unit meanwhile (make before break).
-        """
+                expected_cost: float) -> list[str]:
+        """Create requested out-units for ``units`` and send one Request; returns the edge ids."""
         c = self.core
         edge_ids, up_costs = [], []
         for unit in units:
             edge_id = c.new_edge_id()
             in_id = unit.edge_id if unit is not None else None
             c.outs[edge_id] = OutUnit(edge_id, neighbour.node_id, sink, 0, c.now, None)
-            if in_id is not None and replaces is None:
+            if in_id is not None:
                 c.match(in_id, edge_id)
             edge_ids.append(edge_id)
             up_costs.append((unit.up_cost if unit is not None else 0.0) + neighbour.cost)
         c.send(neighbour.node_id, Request(c.node_id, sink, tuple(edge_ids), tuple(up_costs), expected_cost))
         c.pending = PendingRequest(neighbour.node_id, sink, set(edge_ids),
-                                   c.now + c.params.proposal_timeout_ticks, replaces)
+                                   c.now + c.params.proposal_timeout_ticks)
         neighbour.spare = max(0, neighbour.spare - len(edge_ids))
         return edge_ids
-
-    def reroute(self, out: OutUnit, neighbour: Neighbour, expected_cost: float) -> None:
-        """Re-route the unit carried by ``out`` through ``neighbour`` (make before break)."""
-        unit = self.core.ins.get(out.in_id) if out.in_id is not None else None
-        self.request(neighbour, out.sink, [unit], expected_cost, replaces=out.edge_id)
-
-    def _finish_reroute(self, new_id: str, old_id: str) -> None:
-        c = self.core
-        old = c.outs.get(old_id)
-        in_id = old.in_id if old is not None else None
-        if old is not None:
-            old.in_id = None
-            c.drop_out(old_id, cancel=True)
-        if in_id is not None and in_id in c.ins:
-            c.match(in_id, new_id)
-            c.mark_forward(new_id)
-        elif not c.is_data_holder:
-            c.drop_out(new_id, cancel=True)  # the unit it was for is gone meanwhile
 
     # -- handlers ------------------------------------------------------------------------
     def on_request(self, msg: Request) -> None:
@@ -185,7 +162,7 @@ class Growth:
             ok = my_cost < INF and my_cost <= msg.expected_cost * (1 + 1e-9) + 1e-9
             room = c.spare()
         accepted = []
-        for edge_id, up_cost in zip(msg.edge_ids, msg.up_costs):
+        for edge_id, up_cost in zip(msg.edge_ids, msg.up_costs, strict=False):
             if edge_id in c.ins:
                 accepted.append(edge_id)  # a duplicate request: answer it again
             elif ok and len(accepted) < room:
@@ -210,9 +187,6 @@ class Growth:
                 out.complete, out.down_cost = True, c.cost_to(msg.sender) or 0.0
                 if out.in_id is not None:
                     c.mark_backward(out.in_id)
-            pending = c.pending
-            if isinstance(pending, PendingRequest) and pending.replaces and edge_id in pending.unresolved:
-                self._finish_reroute(edge_id, pending.replaces)
             c.changed()
         self._resolve(msg.sender, msg.edge_ids)
 

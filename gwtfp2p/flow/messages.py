@@ -187,15 +187,32 @@ class MoveAnswer:
 
 @dataclass(frozen=True)
 class SwapCommit:
-    """Second half of a swap: the proposer hands its out-unit to the acceptor."""
+    """Second half of a swap or exchange: the proposer hands over its unit's edge units."""
 
     sender: str
     proposal_id: str
     outgoing: UnitTransfer
+    incoming: UnitTransfer | None = None
+
+
+@dataclass(frozen=True)
+class ProposeExchange:
+    """Exchange whole units: the receiver's unit moves to the sender and the sender's (``mine``)
+    to the receiver; each side keeps its load. ``my_in_cost``/``my_out_cost`` are the sender's
+    edges to the receiver's unit's prev and next; ``mine`` carries the sender's own costs."""
+
+    sender: str
+    proposal_id: str
+    in_id: str
+    out_id: str
+    my_in_cost: float
+    my_out_cost: float
+    mine: TableUnit
+    expected_gain: float
 
 
 Message = (Advert | Request | Accept | Reject | Refresh | Cancel | PushBack | Moved | FlowTable
-           | ProposeTakeover | ProposeSwap | MoveAnswer | SwapCommit)
+           | ProposeTakeover | ProposeSwap | ProposeExchange | MoveAnswer | SwapCommit)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gwtfp2p.flow.core import InUnit, NodeCore, OutUnit, Tombstone
 from gwtfp2p.flow.messages import (
     MoveAnswer,
+    ProposeExchange,
     ProposeSwap,
     ProposeTakeover,
     Refresh,
@@ -39,6 +40,7 @@ class MoveExecutor:
         self.core = core
         self.locked: set[str] = set()
         self.avoid: dict[str, int] = {}
+        self.expecting: dict[str, int] = {}  # exchange proposal id -> deadline of its reserved slot
         self._counter = 0
 
     # -- proposer side ---------------------------------------------------------------------
@@ -68,14 +70,25 @@ class MoveExecutor:
                                  my_out.next, unit.in_id, unit.out_id, my_in.up_cost, old_out_cost,
                                  costs[0], my_out.down_cost - old_out_cost, gain))
 
+    def propose_exchange(self, peer: str, unit: TableUnit, mine: TableUnit, costs: tuple[float, float],
+                         gain: float) -> None:
+        c = self.core
+        pending = self._new_pending(peer, "exchange", mine_in=mine.in_id, mine_out=mine.out_id)
+        self.locked.add(mine.in_id)
+        c.send(peer, ProposeExchange(c.node_id, pending.proposal_id, unit.in_id, unit.out_id, costs[0], costs[1],
+                                     mine, gain))
+
     def tick(self) -> None:
         c = self.core
         pending = c.pending
         if isinstance(pending, PendingMove) and c.now >= pending.deadline:
-            self._end_pending(pending, rejected=True)
+            self.end_pending(pending, rejected=True)
         self.avoid = {k: v for k, v in self.avoid.items() if v > c.now}
+        for proposal_id in [p for p, deadline in self.expecting.items() if deadline <= c.now]:
+            del self.expecting[proposal_id]
+            c.reserved = max(0, c.reserved - 1)
 
-    def _end_pending(self, pending: PendingMove, rejected: bool) -> None:
+    def end_pending(self, pending: PendingMove, rejected: bool) -> None:
         c = self.core
         if pending.kind == "takeover":
             c.reserved = max(0, c.reserved - 1)
@@ -90,18 +103,47 @@ class MoveExecutor:
         pending = c.pending
         if not (isinstance(pending, PendingMove) and pending.proposal_id == msg.proposal_id):
             return  # late: whatever it handed over is cleaned up by soft state
-        self._end_pending(pending, rejected=not msg.accepted)
+        self.end_pending(pending, rejected=not msg.accepted)
         if not msg.accepted:
             return
         if pending.kind == "takeover" and msg.incoming and msg.outgoing:
-            self._install_takeover(msg.incoming, msg.outgoing)
+            self._install_pair(msg.incoming, msg.outgoing)
         elif pending.kind == "swap" and msg.outgoing:
             self._commit_swap(pending, msg)
+        elif pending.kind == "exchange" and msg.incoming and msg.outgoing:
+            self._commit_exchange(pending, msg)
 
-    def _install_takeover(self, incoming: UnitTransfer, outgoing: UnitTransfer) -> None:
+    def _give_pair(self, unit: InUnit, out: OutUnit, to: str) -> tuple[UnitTransfer, UnitTransfer]:
+        """Forget a matched unit and return what its new holder needs (a tombstone stays here)."""
+        c = self.core
+        in_cost, out_cost = c.cost_to(unit.prev) or 0.0, c.cost_to(out.next) or 0.0
+        incoming = UnitTransfer(unit.edge_id, unit.prev, unit.sink, unit.epoch + 1, unit.up_cost - in_cost)
+        outgoing = UnitTransfer(out.edge_id, out.next, out.sink, out.epoch + 1, out.down_cost - out_cost,
+                                out.complete)
+        del c.ins[unit.edge_id]
+        del c.outs[out.edge_id]
+        expires = c.now + c.params.soft_state_ttl_ticks
+        c.tombstones[unit.edge_id] = Tombstone(to, unit.epoch + 1, expires)
+        c.tombstones[out.edge_id] = Tombstone(to, out.epoch + 1, expires)
+        c.changed()
+        return incoming, outgoing
+
+    def _commit_exchange(self, pending: PendingMove, msg: MoveAnswer) -> None:
+        c = self.core
+        pair = self._my_pair(pending.mine_in, pending.mine_out, allow_locked=True)
+        if pair is None:
+            if c.spare() >= 1:
+                self._install_pair(msg.incoming, msg.outgoing)
+            return  # our unit changed meanwhile: the peer's reserved slot expires
+        incoming, outgoing = self._give_pair(pair[0], pair[1], msg.sender)
+        self._install_pair(msg.incoming, msg.outgoing, room_freed=True)
+        c.send(msg.sender, SwapCommit(c.node_id, pending.proposal_id, outgoing, incoming))
+
+    def _install_pair(self, incoming: UnitTransfer, outgoing: UnitTransfer, room_freed: bool = False) -> None:
+        """Install a unit handed over by a peer and tell its prev and next where it is now."""
         c = self.core
         in_cost, out_cost = c.cost_to(incoming.peer), c.cost_to(outgoing.peer)
-        if in_cost is None or out_cost is None or c.spare() < 1:
+        if in_cost is None or out_cost is None or (c.spare() < 1 and not room_freed):
             return
         c.ins[incoming.edge_id] = InUnit(incoming.edge_id, incoming.peer, incoming.sink,
                                          incoming.cost + in_cost, incoming.epoch, c.now, c.now)
@@ -131,10 +173,10 @@ class MoveExecutor:
         c.mark_backward(unit.edge_id)
 
     # -- receiver side ---------------------------------------------------------------------
-    def _my_pair(self, in_id: str, out_id: str) -> tuple[InUnit, OutUnit] | None:
+    def _my_pair(self, in_id: str, out_id: str, allow_locked: bool = False) -> tuple[InUnit, OutUnit] | None:
         c = self.core
         unit, out = c.ins.get(in_id), c.outs.get(out_id)
-        if unit is None or out is None or unit.out_id != out_id or in_id in self.locked:
+        if unit is None or out is None or unit.out_id != out_id or (in_id in self.locked and not allow_locked):
             return None
         if not (out.confirmed and out.complete) or unit.awaiting is not None:
             return None
@@ -157,15 +199,7 @@ class MoveExecutor:
         if gain < msg.expected_gain - GAIN_TOLERANCE * max(1.0, abs(msg.expected_gain)):
             self._answer(msg, False)
             return
-        incoming = UnitTransfer(unit.edge_id, unit.prev, unit.sink, unit.epoch + 1, unit.up_cost - in_cost)
-        outgoing = UnitTransfer(out.edge_id, out.next, out.sink, out.epoch + 1, out.down_cost - out_cost,
-                                out.complete)
-        del c.ins[unit.edge_id]
-        del c.outs[out.edge_id]
-        expires = c.now + c.params.soft_state_ttl_ticks
-        c.tombstones[unit.edge_id] = Tombstone(msg.sender, unit.epoch + 1, expires)
-        c.tombstones[out.edge_id] = Tombstone(msg.sender, out.epoch + 1, expires)
-        c.changed()
+        incoming, outgoing = self._give_pair(unit, out, msg.sender)
         self._answer(msg, True, incoming=incoming, outgoing=outgoing)
 
     def on_swap(self, msg: ProposeSwap) -> None:
@@ -194,8 +228,35 @@ class MoveExecutor:
         c.changed()
         self._answer(msg, True, outgoing=give)
 
+    def on_exchange(self, msg: ProposeExchange) -> None:
+        c = self.core
+        pair = self._my_pair(msg.in_id, msg.out_id)
+        mine = msg.mine
+        d_aq, d_qb = c.cost_to(mine.prev), c.cost_to(mine.next)
+        if pair is None or isinstance(c.pending, PendingMove) or d_aq is None or d_qb is None:
+            self._answer(msg, False)
+            return
+        unit, out = pair
+        d_cq, d_qd = c.cost_to(unit.prev) or 0.0, c.cost_to(out.next) or 0.0
+        u_old, m_old = unit.up_cost + out.down_cost, mine.up_cost + mine.down_cost
+        u_new = u_old - d_cq - d_qd + msg.my_in_cost + msg.my_out_cost
+        m_new = m_old - mine.in_cost - mine.out_cost + d_aq + d_qb
+        gain = objective_gain([u_old, m_old], [u_new, m_new], c.params.max_path_weight)
+        if gain < msg.expected_gain - GAIN_TOLERANCE * max(1.0, abs(msg.expected_gain)):
+            self._answer(msg, False)
+            return
+        incoming, outgoing = self._give_pair(unit, out, msg.sender)
+        c.reserved += 1
+        self.expecting[msg.proposal_id] = c.now + 2 * c.params.proposal_timeout_ticks
+        self._answer(msg, True, incoming=incoming, outgoing=outgoing)
+
     def on_commit(self, msg: SwapCommit) -> None:
         c = self.core
+        if msg.incoming is not None:
+            if self.expecting.pop(msg.proposal_id, None) is not None:
+                c.reserved = max(0, c.reserved - 1)
+                self._install_pair(msg.incoming, msg.outgoing)
+            return
         received = msg.outgoing
         unit = next((u for u in c.ins.values() if u.awaiting == msg.proposal_id), None)
         cost = c.cost_to(received.peer)

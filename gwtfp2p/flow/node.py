@@ -24,6 +24,7 @@ from gwtfp2p.flow.messages import (
     Message,
     MoveAnswer,
     Moved,
+    ProposeExchange,
     ProposeSwap,
     ProposeTakeover,
     PushBack,
@@ -68,6 +69,7 @@ class FlowNode:
             Reject: self.growth.on_reject, Refresh: self.softstate.on_refresh, Cancel: self.softstate.on_cancel,
             PushBack: self.softstate.on_push_back, Moved: self.softstate.on_moved, FlowTable: self.annealer.on_table,
             ProposeTakeover: self.moves.on_takeover, ProposeSwap: self.moves.on_swap,
+            ProposeExchange: self.moves.on_exchange,
             MoveAnswer: self.moves.on_answer, SwapCommit: self.moves.on_commit,
         }
 
@@ -89,7 +91,8 @@ class FlowNode:
         return self.core.messages_sent
 
     # -- neighbourhood events -------------------------------------------------------------------
-    def add_neighbour(self, node_id: str, stage: int, cost: float | None = None, now: int | None = None) -> list[Envelope]:
+    def add_neighbour(self, node_id: str, stage: int, cost: float | None = None,
+                      now: int | None = None) -> list[Envelope]:
         """A node of the previous, same or next stage became known (cost: our edge to it)."""
         c = self._at(now)
         if node_id == c.node_id:
@@ -97,6 +100,7 @@ class FlowNode:
         known = c.neighbours.get(node_id)
         if known is None:
             c.neighbours[node_id] = Neighbour(node_id, stage, cost)
+            c.neighbours_changed()
             self._reheat()
         elif cost is not None and cost != known.cost:
             self.set_edge_cost(node_id, cost)
@@ -110,6 +114,7 @@ class FlowNode:
             return c.take_outbox()
         delta = cost - (neighbour.cost or 0.0)
         neighbour.cost = cost
+        c.neighbours_changed()
         for unit in c.ins.values():
             if unit.prev == node_id:
                 unit.up_cost += delta
@@ -128,6 +133,7 @@ class FlowNode:
         c = self._at(now)
         if c.neighbours.pop(node_id, None) is None:
             return c.take_outbox()
+        c.neighbours_changed()
         for in_id in sorted(i for i, u in c.ins.items() if u.prev == node_id):
             c.drop_in(in_id, push_back=False)
         for out_id in sorted(o for o, u in c.outs.items() if u.next == node_id):
@@ -136,7 +142,7 @@ class FlowNode:
             del c.tombstones[edge_id]
         pending = c.pending
         if isinstance(pending, PendingMove) and pending.to == node_id:
-            self.moves._end_pending(pending, rejected=False)
+            self.moves.end_pending(pending, rejected=False)
         elif isinstance(pending, PendingRequest) and pending.to == node_id:
             c.pending = None
         self._reheat()
@@ -156,7 +162,7 @@ class FlowNode:
         c = self.core
         base = c.params.temperature_relay
         c.temperature = min(base, c.temperature * c.params.reheat_factor)
-        self.annealer._last_signature = None
+        self.annealer.forget()
 
     def _at(self, now: int | None) -> NodeCore:
         if now is not None:

@@ -32,10 +32,7 @@ class OracleResult:
 
 def solve(instance: FlowInstance) -> OracleResult:
     """Exact min-cost max-flow (networkx for one holder, an integer program for several)."""
-    if len(instance.data_holders) <= 1:
-        paths = _networkx_paths(instance)
-    else:
-        paths = _milp_paths(instance)
+    paths = _networkx_paths(instance) if len(instance.data_holders) <= 1 else _milp_paths(instance)
     return OracleResult(tuple(paths), evaluate(instance, paths), exact=True)
 
 
@@ -175,7 +172,7 @@ def _milp_constraints(instance: FlowInstance, edges: list[tuple[str, str, str, f
 
 def _decompose(instance: FlowInstance, edges, x: np.ndarray) -> list[Path]:
     remaining: dict[tuple[str, str, str], int] = defaultdict(int)
-    for (h, a, b, _), units in zip(edges, x):
+    for (h, a, b, _), units in zip(edges, x, strict=False):
         if units > 0:
             remaining[(h, a, b)] += int(units)
     paths = []
