@@ -4,7 +4,7 @@ Start with ``Transport.start(p2p, handlers)`` (or ``Transport.standalone``); see
 Importing this package imports hivemind (≈3 s, mostly torch).
 """
 
-from gwtfp2p.transport.codec import DEFAULT_PART_BYTES, TensorAssembler, iter_parts, parts_to_tensor
+from gwtfp2p.transport.codec import DEFAULT_PART_BYTES, TensorAssembler, TensorHeader, iter_chunks, tensor_header
 from gwtfp2p.transport.errors import (
     REMOTE_ERROR_KINDS,
     PeerTimeout,
@@ -42,12 +42,13 @@ __all__ = [
     "RemoteError",
     "StateBlob",
     "TensorAssembler",
+    "TensorHeader",
     "TransferMeta",
     "Transport",
     "TransportError",
     "TransportHandlers",
     "TransportLimits",
-    "iter_parts",
+    "iter_chunks",
     "load_geo10",
-    "parts_to_tensor",
+    "tensor_header",
 ]

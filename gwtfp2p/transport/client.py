@@ -9,26 +9,30 @@ after they arrive (both directions emulated by the caller).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import torch
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 from hivemind.proto import runtime_pb2
 
-from gwtfp2p.transport.codec import iter_parts, tensor_nbytes
+from gwtfp2p.transport.codec import iter_chunks, tensor_header, tensor_nbytes
 from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable, ProtocolError, RemoteError, TransportError
+from gwtfp2p.transport.framing import StreamClosed, frame, read_chunk, read_frame
 from gwtfp2p.transport.limits import TransportLimits
 from gwtfp2p.transport.link_emulation import LinkEmulator
 from gwtfp2p.transport.messages import (
+    MAX_META_BYTES,
     Ack,
     FetchedState,
     FetchRequest,
     PingResult,
     Reply,
+    TransferHeader,
     TransferMeta,
     parse_wire,
 )
@@ -67,11 +71,11 @@ class TransportClient:
         if self.link is not None:
             await self.link.delay(peer_id, size_bytes, include_latency)
 
-    async def _deadline(self, what: str, peer_id: str, timeout_s: float, work: Awaitable[T]) -> T:
+    async def _deadline(self, what: str, peer_id: str, timeout_s: float, work: Callable[[], Awaitable[T]]) -> T:
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive finite number, got {timeout_s!r}")
         try:
-            return await asyncio.wait_for(work, timeout_s)
+            return await asyncio.wait_for(work(), timeout_s)
         except asyncio.TimeoutError:
             raise PeerTimeout(f"{what} to {peer_id}: no answer within {timeout_s:.2f} s", peer_id) from None
         except TransportError:
@@ -81,46 +85,57 @@ class TransportClient:
         except _UNREACHABLE_ERRORS as e:
             raise PeerUnreachable(f"{what} to {peer_id}: {str(e).splitlines()[0][:300]}", peer_id) from e
 
+    @contextlib.asynccontextmanager
+    async def _bulk_stream(self, peer_id: str, method: str):
+        """A raw stream to ``peer_id``'s bulk handler, closed on exit (the server lingers until then)."""
+        _, reader, writer = await self._p2p.call_binary_stream_handler(self._peer(peer_id), self._name(method))
+        try:
+            yield reader, writer
+        finally:
+            writer.close()
+
     # ----- forward / backward -----
 
-    async def _parts(self, peer_id: str, meta: TransferMeta,
-                     tensor: torch.Tensor) -> AsyncIterator[runtime_pb2.ExpertRequest]:
-        await self._delay(peer_id, 0)  # latency once, then bandwidth per part (pipelined like a link)
-        metadata = meta.model_dump_json().encode()
-        for part in iter_parts(tensor, self.limits.part_bytes):
-            await self._delay(peer_id, len(part.buffer), include_latency=False)
-            yield runtime_pb2.ExpertRequest(metadata=metadata, tensors=[part])
-            metadata = b""
+    async def _send_tensor(self, writer: asyncio.StreamWriter, peer_id: str, meta: TransferMeta,
+                           tensor: torch.Tensor) -> None:
+        header = TransferHeader(meta=meta, tensor=tensor_header(tensor)).model_dump_json().encode()
+        await self._delay(peer_id, len(header))  # latency once, then bandwidth per part (pipelined)
+        writer.write(frame(header))
+        for chunk in iter_chunks(tensor, self.limits.part_bytes):
+            await self._delay(peer_id, len(chunk), include_latency=False)
+            writer.write(chunk)
+            await writer.drain()
+        await writer.drain()
 
     async def _transfer(self, method: str, peer_id: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
-        peer = self._peer(peer_id)
         if tensor_nbytes(tensor) > self.limits.max_tensor_bytes:
             raise ValueError(f"tensor of {tensor_nbytes(tensor)} bytes exceeds max_tensor_bytes")
-        stream = await self._p2p.iterate_protobuf_handler(peer, self._name(method),
-                                                          self._parts(peer_id, meta, tensor),
-                                                          runtime_pb2.ExpertResponse)
-        try:
-            async for response in stream:
-                reply = _check_reply(response.metadata, peer_id)
-                await self._delay(peer_id, len(response.metadata))
-                if reply.ack is None:
-                    raise ProtocolError(f"{method} reply without an ack", peer_id)
-                return reply.ack
-        finally:
-            await stream.aclose()
-        raise PeerUnreachable(f"{method} to {peer_id}: the stream closed without a reply", peer_id)
+        async with self._bulk_stream(peer_id, method) as (reader, writer):
+            # Read the reply while sending: a peer that refuses early answers before reading it all.
+            sending = asyncio.create_task(self._send_tensor(writer, peer_id, meta, tensor))
+            try:
+                raw = await read_frame(reader, MAX_META_BYTES, None, peer_id)
+            except StreamClosed as e:
+                raise PeerUnreachable(f"{method} to {peer_id}: the stream closed without a reply", peer_id) from e
+            finally:
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await sending
+        reply = _check_reply(raw, peer_id)
+        await self._delay(peer_id, len(raw))
+        if reply.ack is None:
+            raise ProtocolError(f"{method} reply without an ack", peer_id)
+        return reply.ack
 
-    async def forward(self, peer_id: str, meta: TransferMeta, tensor: torch.Tensor, *,
-                      timeout_s: float) -> Ack:
+    async def forward(self, peer_id: str, meta: TransferMeta, tensor: torch.Tensor, *, timeout_s: float) -> Ack:
         """Send activations for the next hop; returns the receiver's immediate ``Ack``."""
         return await self._deadline("forward", peer_id, timeout_s,
-                                    self._transfer("rpc_forward", peer_id, meta, tensor))
+                                    lambda: self._transfer("bulk_forward", peer_id, meta, tensor))
 
-    async def backward(self, peer_id: str, meta: TransferMeta, tensor: torch.Tensor, *,
-                       timeout_s: float) -> Ack:
+    async def backward(self, peer_id: str, meta: TransferMeta, tensor: torch.Tensor, *, timeout_s: float) -> Ack:
         """Send gradients to the previous hop; returns the receiver's immediate ``Ack``."""
         return await self._deadline("backward", peer_id, timeout_s,
-                                    self._transfer("rpc_backward", peer_id, meta, tensor))
+                                    lambda: self._transfer("bulk_backward", peer_id, meta, tensor))
 
     # ----- unary calls -----
 
@@ -139,7 +154,7 @@ class TransportClient:
         if len(payload) > self.limits.max_flow_payload_bytes:
             raise ValueError(f"flow message of {len(payload)} bytes exceeds max_flow_payload_bytes")
         await self._deadline("flow message", peer_id, timeout_s,
-                             self._unary("rpc_flow", peer_id, bytes(payload)))
+                             lambda: self._unary("rpc_flow", peer_id, bytes(payload)))
 
     async def _ping(self, peer_id: str) -> PingResult:
         nonce = int.from_bytes(os.urandom(8), "big") & (2**63 - 1)
@@ -153,43 +168,29 @@ class TransportClient:
 
     async def ping(self, peer_id: str, *, timeout_s: float) -> PingResult:
         """Measure the round trip time to a peer (and its clock offset)."""
-        return await self._deadline("ping", peer_id, timeout_s, self._ping(peer_id))
+        return await self._deadline("ping", peer_id, timeout_s, lambda: self._ping(peer_id))
 
     # ----- state download -----
 
     async def _fetch_state(self, peer_id: str, stage: int, max_bytes: int) -> FetchedState:
-        peer = self._peer(peer_id)
-        request = runtime_pb2.ExpertRequest(metadata=FetchRequest(stage=stage).model_dump_json().encode())
-        await self._delay(peer_id, len(request.metadata))
-        stream = await self._p2p.iterate_protobuf_handler(peer, self._name("rpc_fetch_state"), request,
-                                                          runtime_pb2.ExpertResponse)
-        try:
-            header = None
+        request = FetchRequest(stage=stage).model_dump_json().encode()
+        async with self._bulk_stream(peer_id, "bulk_fetch_state") as (reader, writer):
+            await self._delay(peer_id, len(request))
+            writer.write(frame(request))
+            await writer.drain()
+            raw = await read_frame(reader, MAX_META_BYTES, None, peer_id)
+            header = _check_reply(raw, peer_id).state
+            if header is None:
+                raise ProtocolError("state reply without a header", peer_id)
+            if header.size_bytes > max_bytes:
+                raise ProtocolError(f"state of {header.size_bytes} bytes exceeds {max_bytes}", peer_id)
+            await self._delay(peer_id, len(raw))
             data = bytearray()
-            async for response in stream:
-                if header is None:
-                    header = _check_reply(response.metadata, peer_id).state
-                    if header is None:
-                        raise ProtocolError("state reply without a header", peer_id)
-                    if header.size_bytes > max_bytes:
-                        raise ProtocolError(f"state of {header.size_bytes} bytes exceeds {max_bytes}",
-                                            peer_id)
-                    await self._delay(peer_id, len(response.metadata))
-                else:
-                    if len(data) + len(response.metadata) > header.size_bytes:
-                        raise ProtocolError("state data overruns its header", peer_id)
-                    data += response.metadata
-                    await self._delay(peer_id, len(response.metadata), include_latency=False)
-                if len(data) == header.size_bytes:
-                    break  # complete: the server keeps the stream open until we close it
-        finally:
-            await stream.aclose()
-        if header is None:
-            raise PeerUnreachable(f"state download from {peer_id}: the stream closed without a reply",
-                                  peer_id)
-        if len(data) != header.size_bytes:
-            raise PeerUnreachable(f"state download from {peer_id} cut at {len(data)} of "
-                                  f"{header.size_bytes} bytes", peer_id)
+            while len(data) < header.size_bytes:
+                size = min(self.limits.part_bytes, header.size_bytes - len(data))
+                chunk = await read_chunk(reader, size, None)
+                data += chunk
+                await self._delay(peer_id, len(chunk), include_latency=False)
         blob = bytes(data)
         del data
         digest = await sha256_hex(blob)
@@ -202,4 +203,4 @@ class TransportClient:
         """Download a stage's weights + optimizer state from a replica; size and sha256 are checked."""
         limit = self.limits.max_state_bytes if max_bytes is None else max_bytes
         return await self._deadline("fetch_state", peer_id, timeout_s,
-                                    self._fetch_state(peer_id, stage, limit))
+                                    lambda: self._fetch_state(peer_id, stage, limit))

@@ -1,21 +1,21 @@
-"""Tensor ↔ wire parts: exact (uncompressed) encoding into hivemind ``runtime_pb2.Tensor`` parts.
+"""Tensor ↔ bytes: an exact, uncompressed encoding (a small validated header + the raw bytes).
 
-The wire format is hivemind's (``CompressionType.NONE``: raw little-endian bytes, header fields in
-the first part, as ``split_for_streaming`` makes them), so hivemind's own serializer and this codec
-interoperate. Differences: parts are cut straight from the tensor's memory, the receiver writes
-them into one preallocated tensor (one copy, memory bounded by the validated header), and bfloat16
-always travels as 2 bytes (exact, whatever ``USE_LEGACY_BFLOAT16`` says). Untrusted headers are
-checked (dtype whitelist, rank, size cap, part sizes) and failures raise ``ProtocolError``.
+The raw bytes are hivemind's ``CompressionType.NONE`` buffer layout (C-contiguous, little-endian;
+bfloat16 as its 2 raw bytes, whatever ``USE_LEGACY_BFLOAT16`` says), cut into parts straight from
+the tensor's memory. The receiver writes parts into one tensor preallocated from the untrusted,
+validated header (dtype whitelist, rank, size cap): one copy, memory bounded. Errors on received
+data raise ``ProtocolError``; misuse by a local caller raises ``ValueError``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from hivemind.proto import runtime_pb2
+from pydantic import BaseModel, ConfigDict, Field
 
 from gwtfp2p.transport.errors import ProtocolError
 
@@ -27,100 +27,100 @@ DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
 }
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
+DTypeName = Literal["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"]
+
+
+class TensorHeader(BaseModel):
+    """What precedes a tensor's raw bytes on the wire."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    dtype: DTypeName
+    shape: Annotated[tuple[Annotated[int, Field(ge=0, le=2**40)], ...], Field(max_length=MAX_NDIM)]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty(0, dtype=DTYPES[self.dtype]).element_size()
 
 
 def tensor_nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _raw_bytes(tensor: torch.Tensor) -> np.ndarray:
+def _check_sendable(tensor: torch.Tensor) -> None:
     if tensor.device.type != "cpu":
         raise ValueError("move the tensor to CPU first (in the compute thread, not on the event loop)")
     if tensor.dtype not in _NAMES:
         raise ValueError(f"dtype {tensor.dtype} cannot be sent; supported: {', '.join(DTYPES)}")
+    if tensor.dim() > MAX_NDIM:
+        raise ValueError(f"tensor rank {tensor.dim()} exceeds {MAX_NDIM}")
+
+
+def tensor_header(tensor: torch.Tensor) -> TensorHeader:
+    _check_sendable(tensor)
+    return TensorHeader(dtype=_NAMES[tensor.dtype], shape=tuple(tensor.shape))
+
+
+def raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes as a flat memoryview (a copy only if the tensor is not contiguous)."""
+    _check_sendable(tensor)
     flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8)
+    array = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8)
+    return memoryview(array)
 
 
-def iter_parts(tensor: torch.Tensor, part_bytes: int = DEFAULT_PART_BYTES) -> Iterator[runtime_pb2.Tensor]:
-    """Yield the wire parts of ``tensor`` lazily: a header part, then raw parts of ≤ ``part_bytes``."""
+def iter_chunks(tensor: torch.Tensor, part_bytes: int = DEFAULT_PART_BYTES) -> Iterator[memoryview]:
+    """Zero-copy views of ≤ ``part_bytes`` bytes covering the tensor (none for an empty tensor)."""
     if part_bytes < 1:
         raise ValueError(f"part_bytes must be >= 1, got {part_bytes}")
-    raw = memoryview(_raw_bytes(tensor))
-    n_parts = max(1, math.ceil(len(raw) / part_bytes))
-    yield runtime_pb2.Tensor(buffer=raw[:part_bytes].tobytes(), size=list(tensor.shape),
-                             dtype=_NAMES[tensor.dtype], requires_grad=False,
-                             compression=runtime_pb2.CompressionType.NONE, chunks=n_parts)
-    for start in range(part_bytes, len(raw), part_bytes):
-        yield runtime_pb2.Tensor(buffer=raw[start:start + part_bytes].tobytes())
-
-
-def count_parts(tensor: torch.Tensor, part_bytes: int = DEFAULT_PART_BYTES) -> int:
-    return max(1, math.ceil(tensor_nbytes(tensor) / part_bytes))
+    raw = raw_bytes(tensor)
+    for start in range(0, len(raw), part_bytes):
+        yield raw[start:start + part_bytes]
 
 
 class TensorAssembler:
-    """Rebuilds one tensor from its parts, validating the untrusted header and every part size."""
+    """Rebuilds one tensor from its header and byte chunks, validating the (untrusted) header."""
 
-    def __init__(self, max_bytes: int, peer_id: str = ""):
-        self.max_bytes = max_bytes
+    def __init__(self, header: TensorHeader, max_bytes: int, peer_id: str = ""):
         self.peer_id = peer_id
-        self.expected_bytes = -1
+        self.expected_bytes = header.nbytes
+        if self.expected_bytes > max_bytes:
+            raise ProtocolError(f"tensor of {self.expected_bytes} bytes exceeds the {max_bytes} byte limit", peer_id)
         self.received_bytes = 0
-        self._out: torch.Tensor | None = None
-        self._bytes: np.ndarray = np.empty(0, dtype=np.uint8)
+        self._out = torch.empty(header.shape, dtype=DTYPES[header.dtype])
+        flat = self._out.reshape(-1)
+        self._bytes = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, dtype=np.uint8)
+
+    @property
+    def remaining_bytes(self) -> int:
+        return self.expected_bytes - self.received_bytes
 
     @property
     def complete(self) -> bool:
-        return self._out is not None and self.received_bytes == self.expected_bytes
+        return self.received_bytes == self.expected_bytes
 
-    def _fail(self, message: str) -> ProtocolError:
-        return ProtocolError(message, self.peer_id)
-
-    def _start(self, header: runtime_pb2.Tensor) -> None:
-        if header.compression != runtime_pb2.CompressionType.NONE:
-            raise self._fail(f"compressed tensors are not accepted (compression={header.compression})")
-        dtype = DTYPES.get(header.dtype)
-        if dtype is None:
-            raise self._fail(f"unsupported dtype {header.dtype[:32]!r}")
-        shape = tuple(int(d) for d in header.size)
-        if len(shape) > MAX_NDIM:
-            raise self._fail(f"tensor rank {len(shape)} exceeds {MAX_NDIM}")
-        numel = math.prod(shape)
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-        if nbytes > self.max_bytes:
-            raise self._fail(f"tensor of {nbytes} bytes exceeds the {self.max_bytes} byte limit")
-        self.expected_bytes = nbytes
-        self._out = torch.empty(shape, dtype=dtype)
-        self._bytes = self._out.reshape(-1).view(torch.uint8).numpy() if numel else np.empty(0, np.uint8)
-
-    def add(self, part: runtime_pb2.Tensor) -> bool:
-        """Take the next part; returns True once the tensor is complete."""
-        if self._out is None:
-            if not part.dtype:
-                raise self._fail("the first part of a tensor must carry its header (dtype, size)")
-            self._start(part)
-        elif part.dtype or part.size:
-            raise self._fail("header fields in a continuation part (a second tensor?)")
-        size = len(part.buffer)
-        if self.received_bytes + size > self.expected_bytes:
-            raise self._fail(f"tensor data overruns its header ({self.received_bytes + size} > "
-                             f"{self.expected_bytes} bytes)")
+    def add(self, chunk: bytes | bytearray | memoryview) -> bool:
+        """Take the next chunk of raw bytes; returns True once the tensor is complete."""
+        size = len(chunk)
+        if size > self.remaining_bytes:
+            raise ProtocolError(f"tensor data overruns its header ({self.received_bytes + size} > "
+                                f"{self.expected_bytes} bytes)", self.peer_id)
         if size:
-            self._bytes[self.received_bytes:self.received_bytes + size] = np.frombuffer(part.buffer, np.uint8)
+            self._bytes[self.received_bytes:self.received_bytes + size] = np.frombuffer(chunk, np.uint8)
             self.received_bytes += size
         return self.complete
 
     def tensor(self) -> torch.Tensor:
-        """The rebuilt tensor; ``ProtocolError`` if parts are missing."""
-        if self._out is None or not self.complete:
-            raise self._fail(f"tensor incomplete: {self.received_bytes} of {self.expected_bytes} bytes")
+        """The rebuilt tensor; ``ProtocolError`` if bytes are missing."""
+        if not self.complete:
+            raise ProtocolError(f"tensor incomplete: {self.received_bytes} of {self.expected_bytes} bytes",
+                                self.peer_id)
         return self._out
 
 
-def parts_to_tensor(parts: list[runtime_pb2.Tensor], max_bytes: int) -> torch.Tensor:
-    """Rebuild a tensor from all its parts at once (tests and small messages)."""
-    assembler = TensorAssembler(max_bytes)
-    for part in parts:
-        assembler.add(part)
+def decode(header: TensorHeader, chunks: list[bytes], max_bytes: int) -> torch.Tensor:
+    """Rebuild a tensor from its header and all its chunks at once (tests and small tensors)."""
+    assembler = TensorAssembler(header, max_bytes)
+    for chunk in chunks:
+        assembler.add(chunk)
     return assembler.tensor()

@@ -16,20 +16,23 @@ UNARY_LIMIT_BYTES = 4 * 2**20  # hivemind's unary message cap
 
 @dataclass(frozen=True)
 class TransportLimits:
-    part_bytes: int = DEFAULT_PART_BYTES  # size of one streamed tensor/state part
+    part_bytes: int = DEFAULT_PART_BYTES  # bytes per write/read of a tensor or state stream
     max_tensor_bytes: int = 2**30  # largest activation/gradient a server accepts
     max_state_bytes: int = 64 * 2**30  # largest state a client downloads
     max_flow_payload_bytes: int = 256 * 2**10  # flow-protocol messages are small
+    max_inflight_streams: int = 32  # bulk streams served at once (bounds memory: × max_tensor_bytes)
     handler_timeout_s: float = 10.0  # a TransportHandlers callback must answer within this
     part_timeout_s: float = 30.0  # a server drops a stream idle for this long
     namespace: str = "gwtf"  # RPC handler namespace (peers of other namespaces cannot call us)
 
     def __post_init__(self) -> None:
-        require(isinstance(self.part_bytes, int) and 4096 <= self.part_bytes <= UNARY_LIMIT_BYTES // 2,
-                "--rpc-part-bytes", f"must be an integer in [4096, {UNARY_LIMIT_BYTES // 2}]")
+        require(isinstance(self.part_bytes, int) and 4096 <= self.part_bytes <= 64 * 2**20,
+                "--rpc-part-bytes", "must be an integer in [4096, 64 MiB]")
         require(self.max_tensor_bytes >= 1 and self.max_state_bytes >= 1, "--rpc-max-bytes", "must be >= 1")
         require(1 <= self.max_flow_payload_bytes <= UNARY_LIMIT_BYTES - 4096, "--rpc-max-flow-bytes",
                 f"must be within [1, {UNARY_LIMIT_BYTES - 4096}] (hivemind's unary cap is 4 MiB)")
+        require(isinstance(self.max_inflight_streams, int) and self.max_inflight_streams >= 1,
+                "--rpc-max-inflight-streams", "must be an integer >= 1")
         require_positive(self.handler_timeout_s, "--rpc-handler-timeout-s")
         require_positive(self.part_timeout_s, "--rpc-part-timeout-s")
         require(bool(self.namespace) and self.namespace.isascii(), "--rpc-namespace",

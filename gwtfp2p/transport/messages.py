@@ -1,8 +1,9 @@
 """Wire metadata of the transport's RPCs (pydantic, versioned, strictly validated: peers are untrusted).
 
-``TransferMeta`` travels with every forward/backward tensor; ``Ack`` is the receiver's answer;
-``Reply`` is the envelope of every answer (success or a typed error); ``StateHeader`` precedes a
-state download. Tensors and state bytes travel outside these models (see ``codec.py``).
+``TransferMeta`` travels with every forward/backward tensor (inside ``TransferHeader``); ``Ack`` is
+the receiver's answer; ``Reply`` is the envelope of every answer (success or a typed error);
+``StateHeader`` precedes a state download. Raw tensor and state bytes follow their headers
+outside these models (``codec.py``, ``framing.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gwtfp2p.transport.codec import TensorHeader
 from gwtfp2p.transport.errors import ProtocolError, RemoteErrorKind
 
 WIRE_VERSION = 1
@@ -54,6 +56,16 @@ class TransferMeta(BaseModel):
     path: Annotated[tuple[PeerIdStr, ...], Field(max_length=MAX_PATH_HOPS)] = ()  # hops so far, source first
     attempt: Annotated[int, Field(ge=0, le=1000)] = 0  # resend count (recovery)
     tags: Annotated[dict[TagKey, TagValue], Field(max_length=MAX_TAGS)] = Field(default_factory=dict)
+
+
+class TransferHeader(BaseModel):
+    """First frame of a forward/backward stream; the tensor's raw bytes follow."""
+
+    model_config = _STRICT
+
+    version: Literal[1] = WIRE_VERSION
+    meta: TransferMeta
+    tensor: TensorHeader
 
 
 class Ack(BaseModel):

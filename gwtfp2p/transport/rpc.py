@@ -25,6 +25,12 @@ from gwtfp2p.transport.servicer import TransportHandlers, TransportServicer
 logger = logging.getLogger(__name__)
 
 
+def _without_p2p(maddr: Multiaddr) -> Multiaddr:
+    """The transport part of a multiaddr (p2pd's connect wants no trailing ``/p2p/<id>``)."""
+    text = str(maddr)
+    return Multiaddr(text.split("/p2p/")[0]) if "/p2p/" in text else maddr
+
+
 class Transport(TransportClient):
     """RPC endpoint of one node: serves ``handlers``; calls other nodes with the inherited
     ``forward``/``backward``/``send_flow``/``ping``/``fetch_state`` (see ``TransportClient``)."""
@@ -72,7 +78,7 @@ class Transport(TransportClient):
         """Open a connection to a peer at known addresses (e.g. from its DHT record)."""
         try:
             peer = PeerID.from_base58(peer_id)
-            addrs = [Multiaddr(m) for m in maddrs]
+            addrs = [_without_p2p(Multiaddr(m)) for m in maddrs]
         except Exception as e:
             raise PeerUnreachable(f"bad peer id or address for {peer_id}: {e}", peer_id) from e
         try:

@@ -1,9 +1,9 @@
-"""The RPC server side: one hivemind ``ServicerBase`` whose handlers parse, validate and delegate.
+"""The RPC server side: one hivemind ``ServicerBase`` that parses, validates and delegates.
 
-Handlers: forward and backward (client-streamed tensor parts, unary reply), flow (unary small
-payload), ping (unary) and fetch_state (server-streamed state download). Every request is parsed
-strictly, then handed to the daemon's ``TransportHandlers`` callbacks; this module contains no
-training logic. Errors go back to the caller as a typed ``Reply`` (no tracebacks across the wire).
+Unary protobuf handlers: flow messages and ping. Bulk handlers on raw binary streams (see
+``framing.py``; 2–3× faster than protobuf parts here, docs/transport.md): forward, backward and
+fetch_state. Every request is parsed strictly, then handed to the daemon's ``TransportHandlers``;
+this module contains no training logic. Errors go back as a typed ``Reply``, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,22 +13,25 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable
-from typing import AsyncIterator, Protocol, TypeVar  # noqa: UP035 - hivemind inspects typing.AsyncIterator
+from typing import Any, Protocol, TypeVar
 
 import torch
-from hivemind.p2p import P2PContext, ServicerBase
+from hivemind.p2p import P2P, P2PContext, ServicerBase
 from hivemind.proto import runtime_pb2
 
 from gwtfp2p.transport.codec import TensorAssembler
 from gwtfp2p.transport.errors import ProtocolError, RemoteErrorKind
+from gwtfp2p.transport.framing import read_chunk, read_frame, wait_closed_by_peer, write_frame
 from gwtfp2p.transport.limits import TransportLimits
 from gwtfp2p.transport.messages import (
+    MAX_META_BYTES,
     Ack,
     FetchRequest,
     PingInfo,
     Reply,
     StateBlob,
     StateHeader,
+    TransferHeader,
     TransferMeta,
     parse_wire,
 )
@@ -36,7 +39,8 @@ from gwtfp2p.transport.messages import (
 logger = logging.getLogger(__name__)
 MAX_NONCE_BYTES = 8
 HASH_IN_THREAD_BYTES = 2**20
-LINGER_S = 10.0  # longest a server keeps a finished stream open for the caller to close it
+LINGER_S = 10.0  # longest a server waits for the caller to close a finished stream
+BULK_METHODS = ("bulk_forward", "bulk_backward", "bulk_fetch_state")
 T = TypeVar("T")
 
 
@@ -66,7 +70,7 @@ def reply_message(reply: Reply) -> runtime_pb2.ExpertResponse:
     return runtime_pb2.ExpertResponse(metadata=reply.model_dump_json().encode())
 
 
-async def sha256_hex(data: bytes) -> str:
+async def sha256_hex(data: bytes | memoryview) -> str:
     """sha256 of ``data``; large inputs are hashed in a worker thread (hashlib releases the GIL)."""
     if len(data) <= HASH_IN_THREAD_BYTES:
         return hashlib.sha256(data).hexdigest()
@@ -79,6 +83,22 @@ class TransportServicer(ServicerBase):
     def __init__(self, handlers: TransportHandlers, limits: TransportLimits):
         self.handlers = handlers
         self.limits = limits
+        self._inflight = 0
+
+    @classmethod
+    def bulk_name(cls, namespace: str | None, method: str) -> str:
+        return cls._get_handle_name(namespace, method)
+
+    async def add_p2p_handlers(self, p2p: P2P, wrapper: Any = None, *, namespace: str | None = None,
+                               balanced: bool = False) -> None:
+        await super().add_p2p_handlers(p2p, wrapper, namespace=namespace, balanced=balanced)
+        for method in BULK_METHODS:
+            await p2p.add_binary_stream_handler(self.bulk_name(namespace, method), getattr(self, method), balanced)
+
+    async def remove_p2p_handlers(self, p2p: P2P, *, namespace: str | None = None) -> None:
+        await super().remove_p2p_handlers(p2p, namespace=namespace)
+        for method in BULK_METHODS:
+            await p2p.remove_binary_stream_handler(self.bulk_name(namespace, method))
 
     async def _call(self, what: str, awaitable: Awaitable[T]) -> T:
         try:
@@ -92,75 +112,100 @@ class TransportServicer(ServicerBase):
             logger.exception("%s handler failed", what)
             raise _Failed("internal", f"{what} handler failed: {type(e).__name__}") from e
 
-    async def _guarded(self, what: str, work: Awaitable[Reply]) -> runtime_pb2.ExpertResponse:
+    async def _guarded(self, what: str, work: Awaitable[Reply]) -> Reply:
         try:
-            reply = await work
+            return await work
         except ProtocolError as e:
             logger.debug("bad %s request from %s: %s", what, e.peer_id, e)
-            reply = Reply.error("bad_request", str(e))
+            return Reply.error("bad_request", str(e))
         except _Failed as e:
-            reply = Reply.error(e.kind, str(e))
-        return reply_message(reply)
+            return Reply.error(e.kind, str(e))
 
-    # ----- forward / backward -----
+    # ----- forward / backward (bulk) -----
 
-    async def _next_part(self, requests: AsyncIterator[runtime_pb2.ExpertRequest],
-                         sender: str) -> runtime_pb2.ExpertRequest | None:
-        try:
-            return await asyncio.wait_for(requests.__anext__(), self.limits.part_timeout_s)
-        except StopAsyncIteration:
-            return None
-        except asyncio.TimeoutError:
-            raise ProtocolError(f"no part for {self.limits.part_timeout_s:.0f} s", sender) from None
-
-    async def _receive_transfer(self, kind: str, requests: AsyncIterator[runtime_pb2.ExpertRequest],
-                                sender: str) -> Reply:
-        request = await self._next_part(requests, sender)
-        if request is None:
-            raise ProtocolError("empty request stream", sender)
-        meta = parse_wire(TransferMeta, request.metadata, sender)
-        assembler = TensorAssembler(self.limits.max_tensor_bytes, sender)
-        while True:
-            if len(request.tensors) != 1:
-                raise ProtocolError(f"a part must carry one tensor part, got {len(request.tensors)}", sender)
-            if assembler.add(request.tensors[0]):
-                break
-            request = await self._next_part(requests, sender)
-            if request is None:
-                raise ProtocolError("the stream ended before the tensor was complete", sender)
-            if request.metadata:
-                raise ProtocolError("metadata is allowed only in the first part", sender)
-        # Wait for the caller's end-of-stream before replying: closing a stream the caller is still
-        # writing to resets it, and the reply can be lost (seen as "Broken pipe" by the caller).
-        if await self._next_part(requests, sender) is not None:
-            raise ProtocolError("parts after the tensor was complete", sender)
+    async def _receive_transfer(self, kind: str, sender: str, reader: asyncio.StreamReader) -> Reply:
+        timeout_s = self.limits.part_timeout_s
+        header = parse_wire(TransferHeader, await read_frame(reader, MAX_META_BYTES, timeout_s, sender), sender)
+        assembler = TensorAssembler(header.tensor, self.limits.max_tensor_bytes, sender)
+        while not assembler.complete:
+            size = min(self.limits.part_bytes, assembler.remaining_bytes)
+            assembler.add(await read_chunk(reader, size, timeout_s))
         handler = self.handlers.on_forward if kind == "forward" else self.handlers.on_backward
-        ack = await self._call(kind, handler(sender, meta, assembler.tensor()))
+        ack = await self._call(kind, handler(sender, header.meta, assembler.tensor()))
         if not isinstance(ack, Ack):
             raise _Failed("internal", f"{kind} handler returned {type(ack).__name__}, not Ack")
         return Reply(ack=ack)
 
-    async def _linger(self) -> None:
-        """Keep a finished stream open until the caller closes it (hivemind then cancels us).
+    async def _serve_bulk(self, what: str, info: Any, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        sender = info.peer_id.to_base58()
+        try:
+            await self._serve_counted(what, sender, reader, writer)
+            await wait_closed_by_peer(reader, min(self.limits.part_timeout_s, LINGER_S))
+        except (ConnectionError, asyncio.TimeoutError) as e:
+            logger.debug("%s stream from %s ended early: %r", what, sender, e)
+        except Exception:
+            logger.exception("%s stream from %s failed", what, sender)
+        finally:
+            writer.close()
 
-        If the server side closes first, its p2pd may reset the stream before the last bytes
-        written are forwarded, and the caller loses the reply (seen as "closed without a reply").
-        """
-        await asyncio.sleep(min(self.limits.part_timeout_s, LINGER_S))
+    async def _serve_counted(self, what: str, sender: str, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        """Serve one bulk request; at most ``max_inflight_streams`` at once (lingering not counted)."""
+        self._inflight += 1
+        try:
+            if self._inflight > self.limits.max_inflight_streams:
+                limit = self.limits.max_inflight_streams
+                await self._reply(writer, Reply.error("busy", f"over {limit} bulk streams in flight"))
+            elif what == "fetch_state":
+                await self._send_state(sender, reader, writer)
+            else:
+                await self._reply(writer, await self._guarded(what, self._receive_transfer(what, sender, reader)))
+        finally:
+            self._inflight -= 1
 
-    async def rpc_forward(self, requests: AsyncIterator[runtime_pb2.ExpertRequest],
-                          context: P2PContext) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        sender = context.remote_id.to_base58()
-        yield await self._guarded("forward", self._receive_transfer("forward", requests, sender))
-        await self._linger()
+    async def _reply(self, writer: asyncio.StreamWriter, reply: Reply) -> None:
+        await asyncio.wait_for(write_frame(writer, reply.model_dump_json().encode()), self.limits.part_timeout_s)
 
-    async def rpc_backward(self, requests: AsyncIterator[runtime_pb2.ExpertRequest],
-                           context: P2PContext) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        sender = context.remote_id.to_base58()
-        yield await self._guarded("backward", self._receive_transfer("backward", requests, sender))
-        await self._linger()
+    async def bulk_forward(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._serve_bulk("forward", info, reader, writer)
 
-    # ----- flow messages and ping -----
+    async def bulk_backward(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._serve_bulk("backward", info, reader, writer)
+
+    async def bulk_fetch_state(self, info: Any, reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
+        await self._serve_bulk("fetch_state", info, reader, writer)
+
+    # ----- state download (bulk) -----
+
+    async def _state_header(self, sender: str, reader: asyncio.StreamReader) -> tuple[Reply, memoryview]:
+        raw = await read_frame(reader, MAX_META_BYTES, self.limits.part_timeout_s, sender)
+        fetch = parse_wire(FetchRequest, raw, sender)
+        blob = await self._call("get_state", self.handlers.get_state(fetch.stage))
+        if blob is None:
+            raise _Failed("unavailable", f"no state for stage {fetch.stage} here")
+        if not isinstance(blob, StateBlob) or not isinstance(blob.data, (bytes, bytearray)):
+            raise _Failed("internal", "get_state returned something other than StateBlob(bytes)")
+        header = StateHeader(stage=blob.stage, iteration=blob.iteration, size_bytes=len(blob.data),
+                             sha256=await sha256_hex(blob.data))
+        return Reply(state=header), memoryview(blob.data)
+
+    async def _send_state(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        view = memoryview(b"")
+
+        async def header() -> Reply:
+            nonlocal view
+            reply, view = await self._state_header(sender, reader)
+            return reply
+
+        await self._reply(writer, await self._guarded("fetch_state", header()))
+        timeout_s = self.limits.part_timeout_s
+        for start in range(0, len(view), self.limits.part_bytes):
+            writer.write(view[start:start + self.limits.part_bytes])
+            await asyncio.wait_for(writer.drain(), timeout_s)
+
+    # ----- flow messages and ping (unary protobuf) -----
 
     async def _receive_flow(self, payload: bytes, sender: str) -> Reply:
         if len(payload) > self.limits.max_flow_payload_bytes:
@@ -172,7 +217,7 @@ class TransportServicer(ServicerBase):
     async def rpc_flow(self, request: runtime_pb2.ExpertRequest,
                        context: P2PContext) -> runtime_pb2.ExpertResponse:
         sender = context.remote_id.to_base58()
-        return await self._guarded("flow", self._receive_flow(bytes(request.metadata), sender))
+        return reply_message(await self._guarded("flow", self._receive_flow(bytes(request.metadata), sender)))
 
     async def rpc_ping(self, request: runtime_pb2.ExpertRequest,
                        context: P2PContext) -> runtime_pb2.ExpertResponse:
@@ -180,32 +225,3 @@ class TransportServicer(ServicerBase):
             return reply_message(Reply.error("bad_request", "ping nonce longer than 8 bytes"))
         nonce = int.from_bytes(request.metadata, "big") & (2**63 - 1)
         return reply_message(Reply(ping=PingInfo(nonce=nonce, peer_time=time.time())))
-
-    # ----- state download -----
-
-    async def _state_header(self, request: runtime_pb2.ExpertRequest,
-                            sender: str) -> tuple[Reply, memoryview]:
-        fetch = parse_wire(FetchRequest, request.metadata, sender)
-        blob = await self._call("get_state", self.handlers.get_state(fetch.stage))
-        if blob is None:
-            raise _Failed("unavailable", f"no state for stage {fetch.stage} here")
-        if not isinstance(blob, StateBlob) or not isinstance(blob.data, (bytes, bytearray)):
-            raise _Failed("internal", "get_state returned something other than StateBlob(bytes)")
-        header = StateHeader(stage=blob.stage, iteration=blob.iteration, size_bytes=len(blob.data),
-                             sha256=await sha256_hex(blob.data))
-        return Reply(state=header), memoryview(blob.data)
-
-    async def rpc_fetch_state(self, request: runtime_pb2.ExpertRequest,
-                              context: P2PContext) -> AsyncIterator[runtime_pb2.ExpertResponse]:
-        sender = context.remote_id.to_base58()
-        view = memoryview(b"")
-
-        async def header() -> Reply:
-            nonlocal view
-            reply, view = await self._state_header(request, sender)
-            return reply
-
-        yield await self._guarded("fetch_state", header())
-        for start in range(0, len(view), self.limits.part_bytes):
-            yield runtime_pb2.ExpertResponse(metadata=view[start:start + self.limits.part_bytes].tobytes())
-        await self._linger()

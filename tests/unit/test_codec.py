@@ -8,14 +8,23 @@ import json
 import pytest
 import torch
 from hivemind.compression import serialize_torch_tensor
-from hivemind.proto import runtime_pb2
-from hivemind.utils.streaming import split_for_streaming
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from gwtfp2p.transport.codec import DTYPES, MAX_NDIM, TensorAssembler, count_parts, iter_parts, parts_to_tensor
+from gwtfp2p.transport.codec import (
+    DTYPES,
+    MAX_NDIM,
+    TensorAssembler,
+    TensorHeader,
+    decode,
+    iter_chunks,
+    raw_bytes,
+    tensor_header,
+    tensor_nbytes,
+)
 from gwtfp2p.transport.errors import ProtocolError
-from gwtfp2p.transport.messages import Ack, MicrobatchId, Reply, TransferMeta, parse_wire
+from gwtfp2p.transport.messages import Ack, MicrobatchId, Reply, TransferHeader, TransferMeta, parse_wire
 
 PEER = "12D3KooWEEKNFHzs7nSD3qG5DLxASVLuwVJ4WANjMzc1Y7r2bCKf"
 MIB = 2**20
@@ -35,41 +44,47 @@ def exact(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(raw(a), raw(b))
 
 
+def encode(tensor: torch.Tensor, part_bytes: int = MIB) -> tuple[TensorHeader, list[bytes]]:
+    """What a sender puts on the wire: the header (as JSON and back) and the raw parts."""
+    header = TensorHeader.model_validate_json(tensor_header(tensor).model_dump_json())
+    return header, [bytes(chunk) for chunk in iter_chunks(tensor, part_bytes)]
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES.values()))
 @pytest.mark.parametrize("part_bytes", [1, 7, 64, MIB])
 def test_round_trip_is_bit_exact(dtype, part_bytes):
     tensor = sample(dtype)
-    parts = list(iter_parts(tensor, part_bytes))
-    assert len(parts) == count_parts(tensor, part_bytes)
-    assert exact(parts_to_tensor(parts, 10 * MIB), tensor)
+    header, parts = encode(tensor, part_bytes)
+    assert len(parts) == -(-tensor_nbytes(tensor) // part_bytes) and header.nbytes == tensor_nbytes(tensor)
+    assert exact(decode(header, parts, 10 * MIB), tensor)
 
 
 def test_special_values_and_shapes_survive():
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-45, 3.4e38])
-    assert exact(parts_to_tensor(list(iter_parts(special, 8)), MIB), special)
+    assert exact(decode(*encode(special, 8), MIB), special)
     for tensor in (torch.tensor(3.5), torch.empty(0, 4), torch.ones(1, 1, 1, 1, 1, 1, 1, 1)):
-        assert exact(parts_to_tensor(list(iter_parts(tensor)), MIB), tensor)
+        assert exact(decode(*encode(tensor), MIB), tensor)
     non_contiguous = torch.arange(24.0).reshape(4, 6).t()
-    assert torch.equal(parts_to_tensor(list(iter_parts(non_contiguous, 16)), MIB), non_contiguous)
+    assert torch.equal(decode(*encode(non_contiguous, 16), MIB), non_contiguous)
     with_grad = torch.ones(3, requires_grad=True)
-    decoded = parts_to_tensor(list(iter_parts(with_grad)), MIB)
+    decoded = decode(*encode(with_grad), MIB)
     assert torch.equal(decoded, with_grad.detach()) and not decoded.requires_grad
 
 
-def test_sixteen_mib_fp32_in_one_mib_parts():
+def test_sixteen_mib_fp32_in_one_mib_parts_without_copies():
     tensor = torch.randn(4 * MIB, generator=torch.Generator().manual_seed(1))
-    parts = list(iter_parts(tensor, MIB))
-    assert len(parts) == 16 and all(len(p.buffer) == MIB for p in parts)
-    assert parts[0].dtype == "float32" and list(parts[0].size) == [4 * MIB] and parts[0].chunks == 16
-    assert all(not p.dtype and not p.size for p in parts[1:])
-    assert torch.equal(parts_to_tensor(parts, 16 * MIB), tensor)
+    chunks = list(iter_chunks(tensor, MIB))
+    assert len(chunks) == 16 and all(len(c) == MIB for c in chunks)
+    assert chunks[0].obj is chunks[-1].obj  # views of one buffer, not copies
+    header = tensor_header(tensor)
+    assert header.dtype == "float32" and header.shape == (4 * MIB,) and header.nbytes == 16 * MIB
+    assert torch.equal(decode(header, [bytes(c) for c in chunks], 16 * MIB), tensor)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8])
-def test_interoperates_with_hivemind_serializer(dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.uint8, torch.bool])
+def test_raw_bytes_match_hivemind_serializer(dtype):
     tensor = sample(dtype)
-    hivemind_parts = list(split_for_streaming(serialize_torch_tensor(tensor), 50))
-    assert exact(parts_to_tensor(hivemind_parts, MIB), tensor)
+    assert serialize_torch_tensor(tensor).buffer == bytes(raw_bytes(tensor))
 
 
 @settings(max_examples=60, deadline=None)
@@ -77,48 +92,50 @@ def test_interoperates_with_hivemind_serializer(dtype):
        dtype=st.sampled_from(list(DTYPES.values())), seed=st.integers(0, 2**16))
 def test_round_trip_property(shape, part_bytes, dtype, seed):
     tensor = sample(dtype, tuple(shape), seed)
-    assert exact(parts_to_tensor(list(iter_parts(tensor, part_bytes)), MIB), tensor)
+    assert exact(decode(*encode(tensor, part_bytes), MIB), tensor)
 
 
-def header(**fields) -> runtime_pb2.Tensor:
-    base = dict(buffer=b"", size=[2], dtype="float32", compression=runtime_pb2.CompressionType.NONE)
-    base.update(fields)
-    return runtime_pb2.Tensor(**base)
-
-
-@pytest.mark.parametrize("parts", [
-    [runtime_pb2.Tensor(buffer=b"1234")],  # no header
-    [header(dtype="object")],
-    [header(dtype="complex64")],
-    [header(compression=runtime_pb2.CompressionType.FLOAT16)],
-    [header(size=[2] * (MAX_NDIM + 1))],
-    [header(size=[1024, 1024, 1024])],  # 4 GiB > limit
-    [header(buffer=b"x" * 9)],  # overruns 8 bytes
-    [header(buffer=b"x" * 4), header(buffer=b"x" * 4)],  # a second header mid-tensor
-    [header(buffer=b"x" * 4), runtime_pb2.Tensor(buffer=b"x" * 5)],
-    [header(buffer=b"x" * 4)],  # incomplete
+@pytest.mark.parametrize("header", [
+    {"dtype": "object", "shape": [2]},
+    {"dtype": "complex64", "shape": [2]},
+    {"dtype": "float32", "shape": [2] * (MAX_NDIM + 1)},
+    {"dtype": "float32", "shape": [-1]},
+    {"dtype": "float32", "shape": [2.0]},
+    {"dtype": "float32", "shape": "2"},
+    {"dtype": "float32", "shape": [2], "compression": "FLOAT16"},
 ])
-def test_assembler_rejects_malformed_parts(parts):
+def test_headers_are_validated(header):
+    with pytest.raises(ValidationError):
+        TensorHeader.model_validate_json(json.dumps(header))
+
+
+@pytest.mark.parametrize("chunks", [[b"x" * 9], [b"x" * 4, b"x" * 5], [b"x" * 4], []])
+def test_assembler_rejects_overruns_and_missing_bytes(chunks):
     with pytest.raises(ProtocolError):
-        parts_to_tensor(parts, 16 * MIB)
+        decode(TensorHeader(dtype="float32", shape=(2,)), chunks, MIB)
 
 
-def test_assembler_reports_completion_and_limit():
-    tensor = torch.arange(6, dtype=torch.float32)
-    assembler = TensorAssembler(max_bytes=24, peer_id=PEER)
-    parts = list(iter_parts(tensor, 10))
-    assert [assembler.add(p) for p in parts] == [False, False, True]
-    assert torch.equal(assembler.tensor(), tensor)
+def test_assembler_enforces_the_size_limit_before_allocating():
     with pytest.raises(ProtocolError) as err:
-        TensorAssembler(max_bytes=23, peer_id=PEER).add(parts[0])
+        TensorAssembler(TensorHeader(dtype="float32", shape=(1024, 1024, 1024)), max_bytes=16 * MIB, peer_id=PEER)
     assert err.value.peer_id == PEER
+
+
+def test_assembler_reports_completion():
+    tensor = torch.arange(6, dtype=torch.float32)
+    assembler = TensorAssembler(tensor_header(tensor), max_bytes=24, peer_id=PEER)
+    _, parts = encode(tensor, 10)
+    assert [assembler.add(p) for p in parts] == [False, False, True]
+    assert assembler.remaining_bytes == 0 and torch.equal(assembler.tensor(), tensor)
 
 
 def test_encoder_refuses_unsupported_input():
     with pytest.raises(ValueError):
-        list(iter_parts(torch.ones(2, dtype=torch.complex64)))
+        tensor_header(torch.ones(2, dtype=torch.complex64))
     with pytest.raises(ValueError):
-        list(iter_parts(torch.ones(2), part_bytes=0))
+        list(iter_chunks(torch.ones(2), part_bytes=0))
+    with pytest.raises(ValueError):
+        tensor_header(torch.ones([1] * (MAX_NDIM + 1)))
 
 
 def meta_json(**fields) -> bytes:
@@ -149,9 +166,19 @@ def test_transfer_meta_rejects_bad_fields(fields):
 @settings(max_examples=150, deadline=None)
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_wire_parsing_raises_only_protocol_error(raw):
-    for model in (TransferMeta, Reply, Ack):
+    for model in (TransferMeta, TransferHeader, Reply, Ack):
         with contextlib.suppress(ProtocolError):
             parse_wire(model, raw)
+
+
+def test_transfer_header_round_trip_and_validation():
+    meta = parse_wire(TransferMeta, meta_json())
+    header = TransferHeader(meta=meta, tensor=TensorHeader(dtype="bfloat16", shape=(2, 3)))
+    assert parse_wire(TransferHeader, header.model_dump_json().encode()) == header
+    bad = json.loads(header.model_dump_json())
+    bad["tensor"]["dtype"] = "object"
+    with pytest.raises(ProtocolError):
+        parse_wire(TransferHeader, json.dumps(bad).encode())
 
 
 def test_reply_envelope():
