@@ -147,14 +147,14 @@ class SwarmDHT:
         except Exception as e:
             await asyncio.to_thread(dht.shutdown)
             raise _start_error(e, peers) from e
-        self = cls(dht, peer_id="", call_timeout_s=call_timeout_s)
+        node = cls(dht, peer_id="", call_timeout_s=call_timeout_s)
         try:
-            self.peer_id = await self._run(_peer_id)
-            await self._run(_arm_parent_death_signal, parent_pid=os.getpid())
+            node.peer_id = await node._run(_peer_id)
+            await node._run(_arm_parent_death_signal, parent_pid=os.getpid())
         except DHTError:
-            await self.shutdown()
+            await node.shutdown()
             raise
-        return self
+        return node
 
     async def _await(self, future: concurrent.futures.Future, what: str, timeout_s: float | None) -> Any:
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s

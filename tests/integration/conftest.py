@@ -3,7 +3,8 @@
 * Every peer subprocess starts in its own session (process group) and is killed as a group.
 * After each test, processes it left behind (DHT children, p2pd) get a short grace period and are
   then killed, and the test fails: no process outlives its test.
-* At the end of the session, every remaining descendant of the test process is reaped.
+* At the end of the session, every remaining descendant of the test process is reaped
+  (except torch's shared-memory manager, which exits on its own).
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ def reap(processes: list[psutil.Process], grace_s: float = 3.0) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def reap_children_at_session_end() -> Iterator[None]:
+    # torch_shm_manager is spared: it exits with its last client, and killing it first makes
+    # torch abort ("Broken pipe") when the session later frees shared tensors.
     yield
-    reap(psutil.Process().children(recursive=True))
+    reap(_descendants())
 
 
 @pytest.fixture(autouse=True)
