@@ -14,7 +14,7 @@ from gwtfp2p.transport.errors import (
     TransportError,
 )
 from gwtfp2p.transport.limits import TransportLimits
-from gwtfp2p.transport.link_emulation import GeoTable, Link, LinkEmulator, load_geo10
+from gwtfp2p.transport.link_emulation import LinkEmulator, canonical_location
 from gwtfp2p.transport.messages import (
     Ack,
     FetchedState,
@@ -31,8 +31,6 @@ __all__ = [
     "REMOTE_ERROR_KINDS",
     "Ack",
     "FetchedState",
-    "GeoTable",
-    "Link",
     "LinkEmulator",
     "MicrobatchId",
     "PeerTimeout",
@@ -48,7 +46,7 @@ __all__ = [
     "TransportError",
     "TransportHandlers",
     "TransportLimits",
+    "canonical_location",
     "iter_chunks",
-    "load_geo10",
     "tensor_header",
 ]
