@@ -52,6 +52,7 @@ class FlowParams:
     reheat_factor: float = 4.0
     min_temperature: float = 1e-4
     max_path_weight: float = 0.5
+    reroute_margin: float = 0.1
     reject_backoff_ticks: int = 3
     gain_epsilon: float = 1e-3
 
@@ -130,3 +131,87 @@ class RunSpec:
                 "is required with a transformers tokenizer (set it to the tokenizer's length)")
         require(self.tokenizer != "bytes" or self.vocab_size == 0 or self.vocab_size >= 257,
                 "--vocab-size", f"must be 0 or >= 257 with the byte tokenizer, got {self.vocab_size}")
+
+
+NODE_ROLES = ("data", "relay")
+DEVICE_PATTERN = ("cpu", "cuda", "auto")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """How one daemon (``gwtf join``) runs: its role, stage, network, device and pacing.
+
+    ``stage`` is None for ``--stage auto`` (a relay picks its stage from the swarm's flow);
+    a data holder always serves stage 0. ``port`` 0 picks a free port. ``capacity`` is the
+    microbatches per iteration a relay can hold (0: the default of 16). ``shard``/``n_shards``
+    name a data holder's slice of the data. ``run_spec_path`` is read by the first data holder
+    of a run (empty: the embedded demo spec). Times are seconds.
+    """
+
+    role: str = "relay"
+    stage: int | None = None
+    initial_peers: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 0
+    announce_maddrs: tuple[str, ...] = ()
+    device: str = "cpu"
+    capacity: int = 0
+    identity_path: str = ""
+    run_spec_path: str = ""
+    location: str = ""
+    location_scale: float = 1.0
+    tick_s: float = 1.0
+    heartbeat_s: float = 5.0
+    shard: int = 0
+    n_shards: int = 1
+    max_iterations: int = 0
+    torch_threads: int = 1
+    grace_s: float = 10.0
+    default_bandwidth_bytes_per_s: float = 1e9
+    startup_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        require(self.role in NODE_ROLES, "--role", f"must be one of {', '.join(NODE_ROLES)}, got {self.role!r}")
+        if self.role == "data":
+            require(self.stage in (None, 0), "--stage", "a data holder serves stage 0; drop --stage or use 0")
+        else:
+            require(self.stage is None or (isinstance(self.stage, int) and self.stage >= 1), "--stage",
+                    f"a relay serves a stage >= 1 (or 'auto'), got {self.stage!r}")
+        require(all(isinstance(p, str) and p.startswith("/") for p in self.initial_peers), "--initial-peers",
+                "each peer is a multiaddr such as /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...")
+        require(bool(self.host) and " " not in self.host, "--host", "give an IPv4 address such as 0.0.0.0")
+        require(isinstance(self.port, int) and 0 <= self.port <= 65535, "--port",
+                f"must be within 0..65535 (0 picks a free port), got {self.port!r}")
+        require(all(isinstance(a, str) and a.startswith("/") for a in self.announce_maddrs), "--announce",
+                "each address is a multiaddr such as /ip4/203.0.113.7/tcp/31337")
+        require(self.device in DEVICE_PATTERN or self.device.startswith("cuda:"), "--device",
+                f"use cpu, cuda, cuda:N or auto, got {self.device!r}")
+        require(isinstance(self.capacity, int) and self.capacity >= 0, "--capacity",
+                f"must be an integer >= 0 (0: default), got {self.capacity!r}")
+        require(self.location_scale >= 0 and math.isfinite(self.location_scale), "--link-scale",
+                "must be a finite number >= 0 (0 disables the emulated delay)")
+        require_positive(self.tick_s, "--tick-s")
+        require_positive(self.heartbeat_s, "--heartbeat-s")
+        require(isinstance(self.n_shards, int) and self.n_shards >= 1, "--shard",
+                "the shard count must be >= 1, as in --shard 0/2")
+        require(isinstance(self.shard, int) and 0 <= self.shard < self.n_shards, "--shard",
+                f"the shard index must be within 0..{self.n_shards - 1}, as in --shard 1/{self.n_shards}")
+        require(isinstance(self.max_iterations, int) and self.max_iterations >= 0, "--max-iterations",
+                "must be an integer >= 0 (0: train until stopped)")
+        require(isinstance(self.torch_threads, int) and self.torch_threads >= 0, "--torch-threads",
+                "must be an integer >= 0 (0: torch's default)")
+        require(self.grace_s >= 0, "--grace-s", "must be >= 0")
+        require_positive(self.default_bandwidth_bytes_per_s, "--bandwidth")
+        require_positive(self.startup_timeout_s, "--startup-timeout-s")
+
+    @property
+    def is_data_holder(self) -> bool:
+        return self.role == "data"
+
+    @property
+    def host_maddrs(self) -> tuple[str, ...]:
+        return (f"/ip4/{self.host}/tcp/{self.port}",)
+
+    @property
+    def relay_capacity(self) -> int:
+        return self.capacity or 16

@@ -19,6 +19,7 @@ from gwtfp2p.flow.evaluate import RoutingQuality, evaluate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
 from gwtfp2p.flow.messages import Envelope
 from gwtfp2p.flow.node import FlowNode
+from gwtfp2p.flow.wire import decode_message, encode_message
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class NetworkModel:
     delay_ticks: int = 1
     jitter_ticks: int = 0
     loss: float = 0.0
+    wire: bool = False  # carry every message through the wire codec, as the daemon does
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class MessageBus:
             delay = self.network.delay_ticks
             if self.network.jitter_ticks:
                 delay += self.rng.randint(0, self.network.jitter_ticks)
+            if self.network.wire:
+                envelope = Envelope(envelope.dst, decode_message(encode_message(envelope.message)))
             self._seq += 1
             heapq.heappush(self._queue, (self.now + max(1, delay), self._seq, src, envelope))
 

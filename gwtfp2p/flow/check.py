@@ -28,7 +28,7 @@ def follow_chains(nodes: Mapping[str, FlowNode], n_stages: int) -> Snapshot:
     snap = Snapshot()
     for dh_id in sorted(i for i, n in nodes.items() if n.stage == 0):
         for out in sorted(nodes[dh_id].core.outs.values(), key=lambda o: o.edge_id):
-            if out.confirmed:
+            if out.confirmed and not out.building:
                 _follow(nodes, n_stages, dh_id, out.edge_id, out.next, snap)
     return snap
 

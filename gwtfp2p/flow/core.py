@@ -71,6 +71,8 @@ class OutUnit:
     confirmed: bool = False
     complete: bool = False
     down_cost: float = INF
+    building: bool = False  # a re-route under construction: not carrying its unit yet
+    shadow_of: str | None = None  # the in-unit such a re-route is being built for (relays)
 
 
 @dataclass
@@ -202,10 +204,11 @@ class NodeCore:
 
     def forward_entry(self, out: OutUnit) -> ForwardEntry:
         cost = self.cost_to(out.next) or 0.0
-        if out.in_id is None:
+        source = out.in_id or out.shadow_of
+        if source is None:
             up = cost
         else:
-            unit = self.ins.get(out.in_id)
+            unit = self.ins.get(source)
             up = (unit.up_cost if unit else INF) + cost
         return ForwardEntry(out.edge_id, out.sink, up, out.epoch)
 

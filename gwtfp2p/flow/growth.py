@@ -130,15 +130,19 @@ class Growth:
                      expected - neighbour.cost)
 
     def request(self, neighbour: Neighbour, sink: str, units: list[InUnit | None],
-                expected_cost: float) -> list[str]:
-        """Create requested out-units for ``units`` and send one Request; returns the edge ids."""
+                expected_cost: float, match: bool = True) -> list[str]:
+        """Create requested out-units for ``units`` and send one Request; returns the edge ids.
+
+        ``match=False`` leaves the new out-units unmatched (a re-route being built beside the
+        chain that still carries the unit).
+        """
         c = self.core
         edge_ids, up_costs = [], []
         for unit in units:
             edge_id = c.new_edge_id()
             in_id = unit.edge_id if unit is not None else None
             c.outs[edge_id] = OutUnit(edge_id, neighbour.node_id, sink, 0, c.now, None)
-            if in_id is not None:
+            if in_id is not None and match:
                 c.match(in_id, edge_id)
             edge_ids.append(edge_id)
             up_costs.append((unit.up_cost if unit is not None else 0.0) + neighbour.cost)

@@ -34,6 +34,7 @@ from gwtfp2p.flow.messages import (
     SwapCommit,
 )
 from gwtfp2p.flow.moves import MoveExecutor, PendingMove
+from gwtfp2p.flow.reroute import Rerouter
 from gwtfp2p.flow.softstate import SoftState
 
 
@@ -64,6 +65,7 @@ class FlowNode:
         self.moves = MoveExecutor(self.core)
         self.annealer = Annealer(self.core, self.growth, self.moves)
         self.softstate = SoftState(self.core)
+        self.rerouter = Rerouter(self.core, self.growth, self.moves)
         self._handlers = {
             Advert: self.adverts.on_advert, Request: self.growth.on_request, Accept: self.growth.on_accept,
             Reject: self.growth.on_reject, Refresh: self.softstate.on_refresh, Cancel: self.softstate.on_cancel,
@@ -184,6 +186,7 @@ class FlowNode:
         self.adverts.tick()
         self.softstate.tick()
         self.moves.tick()
+        self.rerouter.tick()
         self.growth.tick()
         self.annealer.tick()
         return c.take_outbox()
@@ -194,7 +197,7 @@ class FlowNode:
         c = self.core
         routes = []
         if c.is_data_holder:
-            for out in sorted(c.outs.values(), key=lambda o: o.edge_id):
+            for out in sorted((o for o in c.outs.values() if not o.building), key=lambda o: o.edge_id):
                 routes.append(Route(out.sink, None, None, out.edge_id, out.next, out.complete and out.confirmed,
                                     out.down_cost))
             for unit in sorted(c.ins.values(), key=lambda u: u.edge_id):
@@ -210,4 +213,6 @@ class FlowNode:
     def routed_units(self) -> int:
         """Units this data holder believes complete (its own view; the bus checks globally)."""
         c = self.core
-        return sum(1 for o in c.outs.values() if o.confirmed and o.complete) if c.is_data_holder else 0
+        if not c.is_data_holder:
+            return 0
+        return sum(1 for o in c.outs.values() if o.confirmed and o.complete and not o.building)
