@@ -42,9 +42,9 @@ class FlowParams:
     advert_period_ticks: int = 2
     refresh_period_ticks: int = 3
     table_period_ticks: int = 3
-    soft_state_ttl_ticks: int = 12
-    outstanding_ttl_ticks: int = 8
-    proposal_timeout_ticks: int = 4
+    soft_state_ttl_ticks: int = 16
+    outstanding_ttl_ticks: int = 12
+    proposal_timeout_ticks: int = 8
     request_batch: int = 4
     improve_probability: float = 0.5
     temperature_relay: float = 0.01

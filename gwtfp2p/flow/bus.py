@@ -126,6 +126,11 @@ class MessageBus:
             snap = self.check()
             self.violations += [f"tick {self.now}: {v}" for v in snap.violations]
 
+    def _growth_possible(self) -> bool:
+        """A data holder still wants units and sees a next hop that advertises a path."""
+        return any(n.stage == 0 and n.core.demand() > 0 and n.growth.best_next(n.node_id) is not None
+                   for n in self.nodes.values())
+
     def check(self) -> Snapshot:
         return check_invariants(self.nodes, self.n_stages, self.lost_signalled)
 
@@ -145,8 +150,8 @@ class MessageBus:
             current = sorted(self.routing())
             if current != last:
                 last, last_change, messages_at_change = current, self.now, self.messages
-            elif self.now - last_change >= quiet_ticks:
+            elif self.now - last_change >= quiet_ticks and not self._growth_possible():
                 break
-        converged = self.now - last_change >= quiet_ticks
+        converged = self.now - last_change >= quiet_ticks and not self._growth_possible()
         return RunResult(self.quality(), last_change - start, self.now - start, self.messages - start_messages,
                          messages_at_change - start_messages, converged)

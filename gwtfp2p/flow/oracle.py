@@ -32,6 +32,8 @@ class OracleResult:
 
 def solve(instance: FlowInstance) -> OracleResult:
     """Exact min-cost max-flow (networkx for one holder, an integer program for several)."""
+    if not instance.data_holders:
+        return OracleResult((), RoutingQuality(0, 0.0, 0.0), exact=True)
     paths = _networkx_paths(instance) if len(instance.data_holders) <= 1 else _milp_paths(instance)
     return OracleResult(tuple(paths), evaluate(instance, paths), exact=True)
 
@@ -61,6 +63,7 @@ def _out(node_id: str) -> str:
 def _layered_graph(instance: FlowInstance) -> nx.DiGraph:
     """Split-node graph: relay capacity on in→out, holder supply on source edges."""
     g = nx.DiGraph()
+    g.add_nodes_from((SOURCE, TARGET))
     for node in instance.nodes:
         if node.is_data_holder:
             g.add_edge(SOURCE, _out(node.node_id), capacity=node.supply, weight=0)
