@@ -27,7 +27,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gwtf demo
+	$(BIN)/gwtf flow solve --family geo10 --seed 0
+	$(BIN)/gwtf flow solve --family geo10 --seed 0 --churn remove
 
 lint: $(STAMP)
 	$(BIN)/ruff check gwtfp2p cli tests benchmarks
