@@ -1,0 +1,129 @@
+"""Run metrics: what happened during one simulated run, and its summary.
+
+Recorded: completion time and realized path cost of every microbatch, iteration spans, crashes
+(with what the node was doing and the compute lost with it) and joins. The summary reports time
+to train the target number of microbatches, throughput, iteration times, GPU time wasted (compute
+discarded by crashes: lost gradients and activations, partial tasks, stale results), the relays'
+idle fraction and the mean path cost. Owns no behaviour of the simulation.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from gwtfp2p.sim.microbatch import Microbatch
+
+if TYPE_CHECKING:
+    from gwtfp2p.sim.simulation import Simulation
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    scenario: str
+    router: str
+    seed: int
+    target_microbatches: int
+    completed: int
+    time_to_n_s: float | None  # None: the target was not reached within the horizon
+    microbatches_per_s: float
+    iterations: int
+    mean_iteration_s: float
+    median_iteration_s: float
+    wasted_gpu_s: float
+    wasted_gpu_s_per_crash: float
+    crashes: int
+    joins: int
+    idle_fraction: float
+    mean_path_cost_s: float
+    recoveries: int
+    allreduce_restarts: int
+    control_messages: int
+    sim_end_s: float
+    events: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Metrics:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.target = sim.scenario.target_microbatches
+        self.completions: list[float] = []
+        self.path_costs: list[float] = []
+        self.iterations: list[tuple[int, float, float]] = []
+        self.crashes: list[tuple[float, str, str, float]] = []  # time, node, phase, compute lost
+        self.joins: list[tuple[float, str, int]] = []
+        self.recoveries = 0
+        self.allreduce_restarts = 0
+        self.checkpoint_restores = 0
+        self.reached_s: float | None = None
+
+    def on_complete(self, m: Microbatch, now: float) -> None:
+        self.completions.append(now)
+        cost = self.sim.edge_cost
+        holders = m.holder
+        self.path_costs.append(sum(cost(holders[i], holders[i + 1]) for i in range(len(holders) - 1)))
+        if self.reached_s is None and len(self.completions) >= self.target:
+            self.reached_s = now
+
+    def reached_target(self) -> bool:
+        return self.reached_s is not None
+
+    def on_crash(self, now: float, node_id: str, phase: str, lost_s: float) -> None:
+        self.crashes.append((now, node_id, phase, lost_s))
+
+    def on_iteration(self, index: int, start_s: float, end_s: float) -> None:
+        self.iterations.append((index, start_s, end_s))
+
+    def throughput_series(self, bin_s: float | None = None) -> list[tuple[float, float]]:
+        """(bin start, microbatches per second in that bin) up to the run's end (about 150 bins)."""
+        end = self.sim.engine.now
+        if end <= 0:
+            return []
+        bin_s = bin_s or max(10.0, end / 150.0)
+        bins = [0] * (int(end // bin_s) + 1)
+        for t in self.completions:
+            bins[min(int(t // bin_s), len(bins) - 1)] += 1
+        series = []
+        for i, n in enumerate(bins):
+            width = min(bin_s, end - i * bin_s)
+            if width > 0:
+                series.append((i * bin_s, n / width))
+        return series
+
+    def wasted_gpu_s(self) -> float:
+        return sum(c[3] for c in self.crashes) + self.sim.cluster.discarded_s
+
+    def idle_fraction(self) -> float:
+        end = self.sim.engine.now
+        alive = busy = 0.0
+        for node in self.sim.cluster.nodes.values():
+            if node.is_data_holder or node.born_s >= end:
+                continue
+            alive += max(0.0, min(node.died_s, end) - node.born_s)
+            busy += node.busy_s + (end - node.task_start if node.running is not None and node.alive else 0.0)
+        return 1.0 - busy / alive if alive > 0 else 0.0
+
+    def summary(self, router: str, seed: int) -> RunSummary:
+        end = self.sim.engine.now
+        spans = [e - s for _, s, e in self.iterations]
+        completed = len(self.completions)
+        crashes = len(self.crashes)
+        wasted = self.wasted_gpu_s()
+        rate = self.target / self.reached_s if self.reached_s else (completed / end if end > 0 else 0.0)
+        return RunSummary(
+            scenario=self.sim.scenario.name, router=router, seed=seed, target_microbatches=self.target,
+            completed=completed, time_to_n_s=self.reached_s, microbatches_per_s=rate,
+            iterations=len(self.iterations),
+            mean_iteration_s=statistics.fmean(spans) if spans else 0.0,
+            median_iteration_s=statistics.median(spans) if spans else 0.0,
+            wasted_gpu_s=wasted, wasted_gpu_s_per_crash=wasted / crashes if crashes else 0.0,
+            crashes=crashes, joins=len(self.joins), idle_fraction=self.idle_fraction(),
+            mean_path_cost_s=statistics.fmean(self.path_costs) if self.path_costs else 0.0,
+            recoveries=self.recoveries, allreduce_restarts=self.allreduce_restarts,
+            control_messages=self.sim.router.control_messages, sim_end_s=end,
+            events=self.sim.engine.events_run,
+        )
