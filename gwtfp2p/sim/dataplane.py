@@ -173,10 +173,13 @@ class DataPlane:
     def _complete(self, m: Microbatch) -> None:
         m.done = True
         m.state[0] = BWD_DONE
+        nodes, mb_id = self.nodes, m.mb_id
         for pos in range(1, m.last):
             holder = m.holder[pos]
-            if holder is not None:
-                self.forget(holder, m)
+            if holder is not None:  # its work for m is done: nothing queued, no slot left to free
+                node = nodes[holder]
+                node.mbs.pop(mb_id, None)
+                node.slot_holders.discard(mb_id)
         self.sim.router.release(m.dh, m)
         self.sim.metrics.on_complete(m, self.engine.now)
         self.sim.iterations.on_complete(m)

@@ -65,6 +65,7 @@ class Iterations:
         self.members: dict[int, list[str]] = {}
         self.tokens: dict[int, int] = dict.fromkeys(range(scenario.n_stages + 1), 0)
         self.ready: list[SimNode] = []
+        self._allreduce_s: dict[tuple[int, tuple[str, ...]], float] = {}
         self.finished = False
 
     def start(self) -> None:
@@ -118,7 +119,11 @@ class Iterations:
         members = self._live_members(stage)
         self.tokens[stage] += 1
         self.members[stage] = members
-        duration = butterfly_allreduce_s(self.sim.network, members, self.grad_bytes[stage])
+        key = (stage, tuple(members))
+        duration = self._allreduce_s.get(key)
+        if duration is None:
+            duration = self._allreduce_s[key] = butterfly_allreduce_s(self.sim.network, members,
+                                                                      self.grad_bytes[stage])
         self.engine.at(self.engine.now + duration, self._allreduce_done, stage, self.tokens[stage])
 
     def _allreduce_done(self, stage: int, token: int) -> None:

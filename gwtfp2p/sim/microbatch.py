@@ -26,6 +26,7 @@ class Microbatch:
         "grad_waiting",
         "holder",
         "iteration",
+        "last",
         "mb_id",
         "path",
         "recomputed",
@@ -42,6 +43,7 @@ class Microbatch:
         self.iteration = iteration
         self.holder: list[str | None] = [None] * n
         self.holder[0] = self.holder[-1] = dh
+        self.last = n - 1  # the data holder's tail
         self.state = [NONE] * n
         self.attempt = [0] * n
         self.tag: list[object] = [None] * n  # the router's label of the hop into each position
@@ -56,7 +58,3 @@ class Microbatch:
         self.done = False
         self.recomputed = 0  # hops recomputed by recovery
         self.path: list[str] = []  # first forward holders, for the routing-cost metric
-
-    @property
-    def last(self) -> int:
-        return len(self.holder) - 1

@@ -60,6 +60,7 @@ class Network:
         self._pair: dict[tuple[str, str], tuple[float, float]] = {}
         self._link_free: dict[tuple[str, str], float] = {}
         self._uplink_free: dict[str, float] = {}
+        self._shared_uplink = spec.kind == "home"
         self.bulk_bytes = 0.0
         self.control_bytes = 0.0
 
@@ -90,16 +91,19 @@ class Network:
 
     def transfer(self, a: str, b: str, size_bytes: float, now: float) -> tuple[float, float, float]:
         """Queue a bulk transfer: returns (when it starts, when its last byte leaves a, when it arrives)."""
-        latency, bandwidth = self.link(a, b)
         key = (a, b)
-        start = max(now, self._link_free.get(key, 0.0))
-        shared = self.spec.kind == "home"
-        if shared:
-            start = max(start, self._uplink_free.get(a, 0.0))
-        depart = start + size_bytes / bandwidth
-        self._link_free[key] = depart
-        if shared:
+        cached = self._pair.get(key)
+        latency, bandwidth = cached if cached is not None else self.link(a, b)
+        free = self._link_free.get(key, 0.0)
+        start = free if free > now else now
+        if self._shared_uplink:
+            uplink = self._uplink_free.get(a, 0.0)
+            start = uplink if uplink > start else start
+            depart = start + size_bytes / bandwidth
             self._uplink_free[a] = depart
+        else:
+            depart = start + size_bytes / bandwidth
+        self._link_free[key] = depart
         self.bulk_bytes += size_bytes
         return start, depart, depart + latency
 

@@ -89,8 +89,9 @@ def summary_dict(results: Sequence[RunResult]) -> dict:
 def comparisons(cell: dict[str, list[RunResult]]) -> dict[str, float | None]:
     """gwtf vs swarm time reduction, gwtf/oracle throughput, per-crash waste (medians over seeds)."""
     med = {r: cell_stats(runs) for r, runs in cell.items()}
-    out: dict[str, float | None] = {"gwtf_time_reduction_vs_swarm": None, "gwtf_throughput_vs_oracle": None,
-                                    "swarm_throughput_vs_oracle": None}
+    out: dict[str, float | None] = dict.fromkeys(
+        ("gwtf_time_reduction_vs_swarm", "gwtf_throughput_vs_oracle", "swarm_throughput_vs_oracle",
+         "gwtf_path_cost_vs_oracle", "swarm_path_cost_vs_oracle"))
     if "gwtf" in med and "swarm" in med:
         g, s = med["gwtf"]["time_to_n_s"].median, med["swarm"]["time_to_n_s"].median
         if g is not None and s:
@@ -99,6 +100,9 @@ def comparisons(cell: dict[str, list[RunResult]]) -> dict[str, float | None]:
         if router in med and "oracle" in med and med["oracle"]["microbatches_per_s"].median:
             out[f"{router}_throughput_vs_oracle"] = (med[router]["microbatches_per_s"].median
                                                      / med["oracle"]["microbatches_per_s"].median)
+        if router in med and "oracle" in med and med["oracle"]["mean_path_cost_s"].median:
+            out[f"{router}_path_cost_vs_oracle"] = (med[router]["mean_path_cost_s"].median
+                                                    / med["oracle"]["mean_path_cost_s"].median)
     return out
 
 
@@ -131,7 +135,8 @@ def markdown_table(results: Sequence[RunResult]) -> str:
 
 def comparison_table(results: Sequence[RunResult]) -> str:
     lines = ["| scenario | gwtf time reduction vs swarm (per-seed range) | gwtf / oracle throughput | "
-             "swarm / oracle throughput |", "|---|---|---|---|"]
+             "swarm / oracle throughput | gwtf / oracle path cost | swarm / oracle path cost |",
+             "|---|---|---|---|---|---|"]
     for scenario, cell in group(results).items():
         c = comparisons(cell)
         per_seed = per_seed_reduction(cell)
@@ -141,7 +146,8 @@ def comparison_table(results: Sequence[RunResult]) -> str:
                if per_seed.low is not None and per_seed.high is not None else ""))
         ratio = {k: "—" if v is None else f"{v:.3f}" for k, v in c.items()}
         lines.append(f"| {scenario} | {reduction} | {ratio['gwtf_throughput_vs_oracle']} | "
-                     f"{ratio['swarm_throughput_vs_oracle']} |")
+                     f"{ratio['swarm_throughput_vs_oracle']} | {ratio['gwtf_path_cost_vs_oracle']} | "
+                     f"{ratio['swarm_path_cost_vs_oracle']} |")
     return "\n".join(lines) + "\n"
 
 

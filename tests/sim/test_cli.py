@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from gwtf_cli.main import app
 from typer.testing import CliRunner
+
+from gwtf_cli.main import app
 
 pytestmark = pytest.mark.timeout(120)
 
