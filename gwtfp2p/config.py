@@ -145,7 +145,8 @@ class NodeConfig:
     a data holder always serves stage 0. ``port`` 0 picks a free port. ``capacity`` is the
     microbatches per iteration a relay can hold (0: the default of 16). ``shard``/``n_shards``
     name a data holder's slice of the data. ``run_spec_path`` is read by the first data holder
-    of a run (empty: the embedded demo spec). Times are seconds.
+    of a run (empty: the embedded demo spec). A data holder starts its first iteration once the
+    run has ``min_nodes`` online nodes (itself included). Times are seconds.
     """
 
     role: str = "relay"
@@ -165,6 +166,7 @@ class NodeConfig:
     shard: int = 0
     n_shards: int = 1
     max_iterations: int = 0
+    min_nodes: int = 0
     torch_threads: int = 1
     grace_s: float = 10.0
     default_bandwidth_bytes_per_s: float = 1e9
@@ -198,6 +200,9 @@ class NodeConfig:
                 f"the shard index must be within 0..{self.n_shards - 1}, as in --shard 1/{self.n_shards}")
         require(isinstance(self.max_iterations, int) and self.max_iterations >= 0, "--max-iterations",
                 "must be an integer >= 0 (0: train until stopped)")
+        require(isinstance(self.min_nodes, int) and self.min_nodes >= 0, "--min-nodes",
+                "must be an integer >= 0 (0: start as soon as a route exists)")
+        require(self.min_nodes == 0 or self.is_data_holder, "--min-nodes", "only a data holder waits for nodes")
         require(isinstance(self.torch_threads, int) and self.torch_threads >= 0, "--torch-threads",
                 "must be an integer >= 0 (0: torch's default)")
         require(self.grace_s >= 0, "--grace-s", "must be >= 0")

@@ -1,0 +1,96 @@
+"""The node's ``TransportHandlers``: every RPC that arrives is validated and routed, never computed.
+
+Forward/backward transfers go to the data plane (a relay's ``RelayDataPath`` or a data holder's
+``DataHolder``), aggregation contributions (forward RPCs tagged ``kind=grad``) to the
+``Aggregator``, flow messages to the ``FlowDriver`` and control messages to their owners; a state
+download is served between aggregation steps. Until the node is up, transfers are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from gwtfp2p.daemon.aggregation import GRAD_KIND
+from gwtfp2p.daemon.control import Closed, ControlError, Member, MemberAnswer, decode_payload, encode_control
+from gwtfp2p.transport import Ack, StateBlob, TransferMeta, TransportError
+
+if TYPE_CHECKING:
+    from gwtfp2p.daemon.node import Node
+
+logger = logging.getLogger(__name__)
+STATE_WAIT_S = 8.0
+
+
+class NodeHandlers:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def on_forward(self, sender: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
+        node = self.node
+        if meta.tags.get("kind") == GRAD_KIND:
+            if node.aggregator is None:
+                return Ack(accepted=False, reason="not aggregating yet")
+            return await node.aggregator.on_contribution(sender, meta, tensor)
+        if node.data is None:
+            return Ack(accepted=False, reason="starting up")
+        return await node.data.on_forward(sender, meta, tensor)
+
+    async def on_backward(self, sender: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
+        if self.node.data is None:
+            return Ack(accepted=False, reason="starting up")
+        return await self.node.data.on_backward(sender, meta, tensor)
+
+    async def on_flow_message(self, sender: str, payload: bytes) -> None:
+        try:
+            decoded = decode_payload(payload)
+        except ControlError as e:
+            logger.debug("bad payload from %s: %s", sender, e)
+            return
+        node = self.node
+        if isinstance(decoded, list):
+            if node.routing is not None:
+                if not node.routing.knows(sender) and node.view is not None:
+                    node.view.poke()
+                node.routing.on_messages(sender, decoded)
+        elif isinstance(decoded, Member):
+            node.background.spawn(self._on_member(sender, decoded), f"member {sender}")
+        elif isinstance(decoded, MemberAnswer):
+            if node.joiner is not None:
+                node.joiner.on_answer(sender, decoded)
+        elif isinstance(decoded, Closed):
+            await node.on_closed(decoded)
+
+    async def _on_member(self, sender: str, member: Member) -> None:
+        node = self.node
+        aggregator = node.aggregator
+        if member.stage != node.stage or aggregator is None:
+            return
+        busy = aggregator.active if aggregator.active is not None else aggregator.done_through
+        stale = member.from_iteration <= max(busy, aggregator.done_through)
+        known = node.members.get(sender)
+        if member.until_iteration is not None and known is not None:
+            node.members.set_until(sender, member.until_iteration)
+            accepted = True
+        elif stale and (known is None or known.from_iteration != member.from_iteration):
+            accepted = False
+        else:
+            node.members.add(sender, member.from_iteration, member.until_iteration)
+            accepted = True
+        answer = MemberAnswer(stage=node.stage, from_iteration=member.from_iteration, accepted=accepted,
+                              receiver_iteration=node.gate.iteration)
+        try:
+            await node.transport.send_flow(sender, encode_control(answer), timeout_s=5.0)
+        except TransportError as e:
+            logger.debug("membership answer to %s lost: %s", sender, e)
+
+    async def get_state(self, stage: int) -> StateBlob | None:
+        node = self.node
+        if stage != node.stage or node.part is None or node.aggregator is None:
+            return None
+        if not await node.gate.wait_idle(STATE_WAIT_S):
+            return None
+        iteration, data = await node.compute.run(node.aggregator.state)
+        return StateBlob(stage=stage, iteration=iteration, data=data)

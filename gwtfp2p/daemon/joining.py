@@ -1,0 +1,97 @@
+"""Joining a part: download its current state from a live replica and settle aggregation membership.
+
+A node whose part (stage, or the data holders' head+tail) has replicas past iteration 0 downloads
+the state of the most advanced one (size and sha256 checked by the transport, the state hash by
+the model) and takes part in aggregation from that state's iteration. It tells every same-part
+peer (``Member``); one that already aggregated that iteration answers *stale*, and the node
+downloads again. Otherwise (a fresh run) it keeps the seeded initial weights: iteration 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gwtfp2p.config import ConfigError
+from gwtfp2p.daemon.compute import ComputeThread
+from gwtfp2p.daemon.control import Member, MemberAnswer, encode_control
+from gwtfp2p.daemon.membership import SwarmView
+from gwtfp2p.model.state import StateError
+from gwtfp2p.model.trainable import Trainable
+from gwtfp2p.transport import Transport, TransportError
+
+logger = logging.getLogger(__name__)
+ANSWER_TIMEOUT_S = 5.0
+FETCH_TIMEOUT_S = 120.0
+ATTEMPTS = 4
+
+
+class JoinError(ConfigError):
+    """The node could not join its part (no replica served a usable state)."""
+
+
+class Joiner:
+    """State download and the membership handshake of one node."""
+
+    def __init__(self, self_id: str, stage: int, part: Trainable, view: SwarmView, transport: Transport,
+                 compute: ComputeThread) -> None:
+        self.self_id = self_id
+        self.stage = stage
+        self.part = part
+        self.view = view
+        self.transport = transport
+        self.compute = compute
+        self._answers: dict[str, asyncio.Future[MemberAnswer]] = {}
+
+    def on_answer(self, sender: str, answer: MemberAnswer) -> None:
+        future = self._answers.get(sender)
+        if future is not None and not future.done() and answer.stage == self.stage:
+            future.set_result(answer)
+
+    async def join(self) -> int:
+        """Load the part's state as needed; returns the first iteration this node aggregates."""
+        force = False
+        for _ in range(ATTEMPTS):
+            from_iteration = await self._load(force)
+            if await self._handshake(from_iteration):
+                return from_iteration
+            logger.info("stage %d moved on while joining; downloading its state again", self.stage)
+            force = True
+            await self.view.refresh()
+        raise JoinError(f"--stage: could not catch up with stage {self.stage}'s replicas after {ATTEMPTS} tries")
+
+    async def _load(self, force: bool) -> int:
+        sources = sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
+                         key=lambda r: (-r.iteration, r.peer_id))
+        if not sources or (sources[0].iteration == 0 and not force):
+            return 0
+        for source in sources:
+            try:
+                fetched = await self.transport.fetch_state(source.peer_id, self.stage, timeout_s=FETCH_TIMEOUT_S)
+                digest = await self.compute.run(self.part.load_state_bytes, fetched.data)
+            except (TransportError, StateError, ValueError) as e:
+                logger.warning("state download from %s failed: %s", source.peer_id, e)
+                continue
+            logger.info("loaded stage %d state of iteration %d from %s (hash %s)", self.stage,
+                        fetched.iteration, source.peer_id, digest)
+            return fetched.iteration
+        raise JoinError(f"--stage: no replica of stage {self.stage} served its state")
+
+    async def _handshake(self, from_iteration: int) -> bool:
+        """Tell same-part peers our membership; False if one already aggregated ``from_iteration``."""
+        peers = [r.peer_id for r in self.view.by_stage(self.stage)]
+        loop = asyncio.get_running_loop()
+        self._answers = {p: loop.create_future() for p in peers}
+        payload = encode_control(Member(stage=self.stage, from_iteration=from_iteration))
+        for peer in peers:
+            try:
+                await self.transport.send_flow(peer, payload, timeout_s=ANSWER_TIMEOUT_S)
+            except TransportError as e:
+                logger.debug("membership notice to %s lost: %s", peer, e)
+                self._answers[peer].cancel()
+        waiting = [f for f in self._answers.values() if not f.cancelled()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=ANSWER_TIMEOUT_S)
+        stale = [p for p, f in self._answers.items() if f.done() and not f.cancelled() and not f.result().accepted]
+        self._answers = {}
+        return not stale

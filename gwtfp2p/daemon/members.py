@@ -1,0 +1,62 @@
+"""Who aggregates with whom: the members of one part (a stage's replicas, or the data holders).
+
+Pure bookkeeping, no I/O. A member takes part in the aggregation of iterations
+``from_iteration .. until_iteration`` (open-ended until it announces its last one). The
+contributions of iteration t are expected from ``expected(t)``; a member that crashed is
+``remove``d (the next issue retries the reduction without it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Membership:
+    from_iteration: int
+    until_iteration: int | None = None
+
+    def covers(self, iteration: int) -> bool:
+        return self.from_iteration <= iteration and (self.until_iteration is None
+                                                     or iteration <= self.until_iteration)
+
+
+class MemberTable:
+    """Members of one part, by peer id (this node included)."""
+
+    def __init__(self, self_id: str, from_iteration: int) -> None:
+        self.self_id = self_id
+        self._members: dict[str, Membership] = {self_id: Membership(from_iteration)}
+
+    def add(self, peer: str, from_iteration: int, until_iteration: int | None = None) -> bool:
+        """Record (or update) a member; True if it was not known before."""
+        known = self._members.get(peer)
+        self._members[peer] = Membership(from_iteration, until_iteration)
+        return known is None
+
+    def set_until(self, peer: str, until_iteration: int) -> None:
+        member = self._members.get(peer)
+        if member is not None:
+            member.until_iteration = until_iteration
+
+    def remove(self, peer: str) -> None:
+        if peer != self.self_id:
+            self._members.pop(peer, None)
+
+    def get(self, peer: str) -> Membership | None:
+        return self._members.get(peer)
+
+    def __contains__(self, peer: str) -> bool:
+        return peer in self._members
+
+    @property
+    def own(self) -> Membership:
+        return self._members[self.self_id]
+
+    def expected(self, iteration: int) -> list[str]:
+        """Members whose contribution iteration ``iteration`` needs, sorted by peer id."""
+        return sorted(p for p, m in self._members.items() if m.covers(iteration))
+
+    def peers(self) -> list[str]:
+        """Every member but this node."""
+        return sorted(p for p in self._members if p != self.self_id)

@@ -1,0 +1,166 @@
+"""Drives this node's ``FlowNode`` over RPC: ticks, flow messages in and out, neighbour costs.
+
+The flow protocol is sans-IO; here it meets the network. A tick runs every ``tick_s`` seconds;
+outgoing envelopes go to a per-peer outbox whose worker batches whatever is queued into one
+``send_flow`` (order kept per peer, one deadline per send). Repeated send failures report the
+peer as unreachable. The data plane reads the routing through ``next_hop``/``first_hops``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gwtfp2p.daemon.control import encode_flow
+from gwtfp2p.daemon.links import cost_changed
+from gwtfp2p.flow.messages import Envelope, Message
+from gwtfp2p.flow.node import FlowNode, Route
+from gwtfp2p.transport import Transport, TransportError
+
+logger = logging.getLogger(__name__)
+SEND_TIMEOUT_S = 5.0
+MAX_BATCH = 64
+FAILURES_TO_LOSE = 3
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Where a microbatch goes next: the peer and the edge-unit id to tag the transfer with."""
+
+    peer: str
+    unit: str
+
+
+class _Outbox:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Message] = asyncio.Queue()
+        self.task: asyncio.Task | None = None
+        self.failures = 0
+
+
+class FlowDriver:
+    """One node's flow protocol on the wire."""
+
+    def __init__(self, flow: FlowNode, transport: Transport, tick_s: float,
+                 on_unreachable: Callable[[str], None] | None = None) -> None:
+        self.flow = flow
+        self.transport = transport
+        self.tick_s = tick_s
+        self.now = 0
+        self.on_unreachable = on_unreachable or (lambda _peer: None)
+        self._outboxes: dict[str, _Outbox] = {}
+        self._costs: dict[str, float] = {}
+        self._routes_version = -1
+        self._routes: list[Route] = []
+        self.messages_in = 0
+
+    # -- neighbours ---------------------------------------------------------------------------
+    def add_neighbour(self, peer: str, stage: int, cost: float | None) -> None:
+        if cost is not None:
+            self._costs[peer] = cost
+        self._dispatch(self.flow.add_neighbour(peer, stage, cost, self.now))
+
+    def update_cost(self, peer: str, cost: float) -> None:
+        """Re-cost an edge when the new measurement differs enough (hysteresis against noise)."""
+        if peer in self.flow.core.neighbours and cost_changed(self._costs.get(peer), cost):
+            self._costs[peer] = cost
+            self._dispatch(self.flow.set_edge_cost(peer, cost, self.now))
+
+    def lose_neighbour(self, peer: str) -> None:
+        self._costs.pop(peer, None)
+        self._dispatch(self.flow.lose_neighbour(peer, self.now))
+        outbox = self._outboxes.pop(peer, None)
+        if outbox is not None and outbox.task is not None:
+            outbox.task.cancel()
+
+    def set_capacity(self, capacity: int) -> None:
+        self._dispatch(self.flow.set_capacity(capacity, self.now))
+
+    def knows(self, peer: str) -> bool:
+        return peer in self.flow.core.neighbours
+
+    def cost(self, peer: str) -> float | None:
+        return self._costs.get(peer)
+
+    # -- driving ------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until ``stop`` is set."""
+        while not stop.is_set():
+            self.now += 1
+            self._dispatch(self.flow.on_tick(self.now))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.tick_s)
+
+    def on_messages(self, sender: str, messages: list[Message]) -> None:
+        """Messages from ``sender``; ones claiming another sender are dropped."""
+        for message in messages:
+            if getattr(message, "sender", None) != sender:
+                logger.debug("dropping a flow message from %s claiming sender %s", sender,
+                             getattr(message, "sender", None))
+                continue
+            self.messages_in += 1
+            self._dispatch(self.flow.on_message(message, self.now))
+
+    def _dispatch(self, envelopes: list[Envelope]) -> None:
+        for envelope in envelopes:
+            outbox = self._outboxes.get(envelope.dst)
+            if outbox is None:
+                outbox = self._outboxes[envelope.dst] = _Outbox()
+            outbox.queue.put_nowait(envelope.message)
+            if outbox.task is None or outbox.task.done():
+                outbox.task = asyncio.create_task(self._drain(envelope.dst, outbox))
+
+    async def _drain(self, peer: str, outbox: _Outbox) -> None:
+        while not outbox.queue.empty():
+            batch = [outbox.queue.get_nowait()]
+            while not outbox.queue.empty() and len(batch) < MAX_BATCH:
+                batch.append(outbox.queue.get_nowait())
+            try:
+                await self.transport.send_flow(peer, encode_flow(batch), timeout_s=SEND_TIMEOUT_S)
+                outbox.failures = 0
+            except TransportError as e:
+                outbox.failures += 1
+                logger.debug("flow messages to %s lost (%d in a row): %s", peer, outbox.failures, e)
+                if outbox.failures >= FAILURES_TO_LOSE:
+                    self.on_unreachable(peer)
+                    return
+
+    async def close(self) -> None:
+        tasks = [o.task for o in self._outboxes.values() if o.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- what the data plane reads ------------------------------------------------------------
+    def routes(self) -> list[Route]:
+        if self._routes_version != self.flow.routing_version:
+            self._routes = self.flow.routing_table()
+            self._routes_version = self.flow.routing_version
+        return self._routes
+
+    def first_hops(self) -> list[Hop]:
+        """A data holder's complete flow units (first hop of each), in a stable order."""
+        return [Hop(r.next, r.out_edge) for r in self.routes()
+                if r.in_edge is None and r.complete and r.next and r.out_edge]
+
+    def next_hop(self, in_unit: str) -> Hop | None:
+        """The next hop of the unit a microbatch arrived on (None if this node no longer has it)."""
+        for route in self.routes():
+            if route.in_edge == in_unit and route.next and route.out_edge:
+                return Hop(route.next, route.out_edge)
+        return None
+
+    def fallback_hop(self) -> Hop | None:
+        """The cheapest next-stage neighbour, for a microbatch whose unit vanished meanwhile."""
+        core = self.flow.core
+        best = min(core.next_neighbours(), key=lambda n: (n.cost, n.node_id), default=None)
+        return None if best is None else Hop(best.node_id, "")
+
+    def summary(self) -> list[tuple[str, str, int]]:
+        """(next peer, sink, units) of this node's routed units, for its DHT record."""
+        counts = Counter((r.next, r.sink) for r in self.routes() if r.next and r.out_edge and r.complete)
+        return [(nxt, sink, n) for (nxt, sink), n in sorted(counts.items())]

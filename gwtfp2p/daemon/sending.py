@@ -1,0 +1,62 @@
+"""Outgoing tensor transfers with adaptive deadlines, bounded retries and measured timings.
+
+The deadline of a transfer is a multiple of what the link should need (RTT + size / bandwidth,
+from ``LinkTable``) with a floor, never one fixed number (DESIGN §3). Each successful transfer
+feeds the bandwidth estimate. Retries cover transient failures (a busy peer, a dropped
+stream); failing over to another replica is the recovery layer's job (next issue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import torch
+
+from gwtfp2p.daemon.links import LinkTable
+from gwtfp2p.transport import Ack, PeerUnreachable, RemoteError, TransferMeta, Transport, TransportError
+
+logger = logging.getLogger(__name__)
+TIMEOUT_FLOOR_S = 10.0
+TIMEOUT_FACTOR = 4.0
+RETRY_DELAYS_S = (0.2, 1.0)
+
+
+class Sender:
+    """Forward/backward/aggregation transfers of one node."""
+
+    def __init__(self, transport: Transport, links: LinkTable, floor_s: float = TIMEOUT_FLOOR_S) -> None:
+        self.transport = transport
+        self.links = links
+        self.floor_s = floor_s
+        self.bytes_sent = 0
+
+    def timeout_for(self, peer: str, size_bytes: int) -> float:
+        rtt = self.links.rtt(peer) or 0.0
+        expected = rtt + size_bytes / self.links.bandwidth(peer)
+        emulated = self.transport.link.delay_s(peer, size_bytes) * 2 if self.transport.link else 0.0
+        return max(self.floor_s, TIMEOUT_FACTOR * (expected + emulated))
+
+    async def send(self, kind: str, peer: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack | None:
+        """Send ``tensor`` (kind ``forward`` or ``backward``); the peer's ack, or None after retries."""
+        size = tensor.numel() * tensor.element_size()
+        call = self.transport.forward if kind == "forward" else self.transport.backward
+        for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
+            started = time.monotonic()
+            try:
+                ack = await call(peer, meta.model_copy(update={"attempt": attempt}) if attempt else meta,
+                                 tensor, timeout_s=self.timeout_for(peer, size))
+            except (RemoteError, PeerUnreachable, TransportError) as e:
+                logger.debug("%s of %s to %s failed (attempt %d): %s", kind, meta.microbatch.key, peer, attempt, e)
+                if delay is None:
+                    logger.warning("%s of %s to %s failed: %s", kind, meta.microbatch.key, peer, e)
+                    return None
+                await asyncio.sleep(delay)
+                continue
+            self.links.observe_transfer(peer, size, time.monotonic() - started)
+            self.bytes_sent += size
+            if not ack.accepted:
+                logger.warning("%s of %s refused by %s: %s", kind, meta.microbatch.key, peer, ack.reason)
+            return ack
+        return None
