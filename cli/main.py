@@ -10,12 +10,14 @@ import typer
 from gwtf_cli.flow_cmd import flow_app
 from gwtf_cli.join_cmd import join
 from gwtf_cli.sim_cmd import sim
+from gwtf_cli.status_cmd import status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gwtf: train one LLM together on volunteer GPUs (GWTF).")
 app.add_typer(flow_app, name="flow")
 app.command()(join)
 app.command()(sim)
+app.command()(status)
 
 
 @app.callback()

@@ -79,7 +79,7 @@ class Joiner:
 
     async def _handshake(self, from_iteration: int) -> bool:
         """Tell same-part peers our membership; False if one already aggregated ``from_iteration``."""
-        peers = [r.peer_id for r in self.view.by_stage(self.stage)]
+        peers = [r.peer_id for r in self.view.by_stage(self.stage) if r.state == "online"]
         loop = asyncio.get_running_loop()
         self._answers = {p: loop.create_future() for p in peers}
         payload = encode_control(Member(stage=self.stage, from_iteration=from_iteration))

@@ -37,7 +37,7 @@ from gwtfp2p.daemon.sending import Sender
 from gwtfp2p.daemon.spec_source import resolve_run_spec
 from gwtfp2p.daemon.swarm_instance import spec_activation_bytes
 from gwtfp2p.daemon.tasks import Background
-from gwtfp2p.dht import SwarmDHT, run_id_of
+from gwtfp2p.dht import DHTError, SwarmDHT, run_id_of
 from gwtfp2p.flow.node import FlowNode
 from gwtfp2p.transport import LinkEmulator, Transport, TransportError
 
@@ -100,13 +100,13 @@ class Node:
         self.maddrs = (await self.transport.visible_maddrs())[:6]
         self.view = SwarmView(self.dht, self.run_id, c.heartbeat_s)
         await self.view.refresh()
-        self.background.spawn(self.view.run(self.loops_stop, lambda: own_record(self)), "dht heartbeat")
         self._phase("transport")
         self.sender = Sender(self.transport, self.links)
         self.stage, reason = 0, "data holder"
         if not c.is_data_holder:
             self.stage, reason = await pick_stage(self, c.stage)
         self._phase("stage")
+        self.background.spawn(self.view.run(self.loops_stop, lambda: own_record(self)), "dht heartbeat")
         self.part = await self.compute.run(build_part, self.spec, self.stage, c.device)
         self.prior_compute_s = await self.compute.run(estimate_compute_s, self.part, self.spec)
         self._phase("model")
@@ -165,6 +165,10 @@ class Node:
         """Run until ``stop``, then leave gracefully."""
         assert self.view is not None and self.routing is not None and self.peers is not None
         self.state = "online"
+        try:
+            await self.view.publish(own_record(self))
+        except DHTError as e:
+            logger.warning("publishing this node's record failed (the heartbeat retries): %s", e)
         self.view.listener = self.peers
         self.peers.announce = True
         for record in list(self.view.records.values()):

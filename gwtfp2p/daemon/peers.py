@@ -54,15 +54,21 @@ class PeerManager:
         self.probe_s = probe_s
         self.background = Background("peers")
         self.announce = False  # set once this node's membership is settled
+        self._introducing: set[str] = set()  # peers introduced (or being introduced) to the flow
 
     # -- ViewListener ---------------------------------------------------------------------------
     def peer_joined(self, record: NodeRecord) -> None:
         if self.transport.link is not None:
             self.transport.link.set_peer_location(record.peer_id, record.location)
-        self.background.spawn(self._introduce(record), f"introduce {record.peer_id}")
+        if record.state == "online":
+            self._introducing.add(record.peer_id)
+            self.background.spawn(self._introduce(record), f"introduce {record.peer_id}")
 
     def peer_updated(self, record: NodeRecord) -> None:
-        if self.transport.link is not None:
+        """A joining peer that came online is introduced now."""
+        if record.peer_id not in self._introducing:
+            self.peer_joined(record)
+        elif self.transport.link is not None:
             self.transport.link.set_peer_location(record.peer_id, record.location)
 
     def peer_left(self, peer: str, record: NodeRecord | None) -> None:
@@ -70,6 +76,7 @@ class PeerManager:
                     else "record expired")
         self.routing.lose_neighbour(peer)
         self.links.forget(peer)
+        self._introducing.discard(peer)
         # Aggregation membership is kept: a late heartbeat is not a crash. A member whose contribution
         # does not come is dropped at the aggregation deadline (crash recovery: next issue).
 
@@ -79,6 +86,7 @@ class PeerManager:
             logger.warning("peer %s does not answer; dropping it from the flow", peer)
             self.routing.lose_neighbour(peer)
             self.view.records.pop(peer, None)
+            self._introducing.discard(peer)
 
     # -- introductions and probes ---------------------------------------------------------------
     async def _introduce(self, record: NodeRecord) -> None:
