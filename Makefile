@@ -27,8 +27,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/gwtf flow solve --family geo10 --seed 0
-	$(BIN)/gwtf flow solve --family geo10 --seed 0 --churn remove
+	$(BIN)/gwtf demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check gwtfp2p cli tests benchmarks

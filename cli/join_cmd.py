@@ -152,3 +152,7 @@ def _is_usual_failure(e: Exception) -> bool:
     from gwtfp2p.dht import DHTError
 
     return isinstance(e, (ConfigError, DHTError, MemoryError))
+
+
+if __name__ == "__main__":  # ``python -m gwtf_cli.join_cmd``: what local swarms start (skips other commands' imports)
+    typer.run(join)

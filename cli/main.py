@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from gwtf_cli.demo_cmd import demo
 from gwtf_cli.flow_cmd import flow_app
 from gwtf_cli.join_cmd import join
 from gwtf_cli.sim_cmd import sim
@@ -16,6 +17,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="gwtf: train one LLM together on volunteer GPUs (GWTF).")
 app.add_typer(flow_app, name="flow")
 app.command()(join)
+app.command()(demo)
 app.command()(sim)
 app.command()(status)
 

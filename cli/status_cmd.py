@@ -41,13 +41,12 @@ def render(summary: dict[str, Any], console: Console) -> None:
                        " ".join(f"{c:.1f}" for c in s["compute_ms"]),
                        " ".join(sorted(set(s["hashes"].values()))), "yes" if s["in_sync"] else "NO")
     console.print(stages)
-    nodes = Table("peer", "role", "stage", "state", "iter", "cap", "compute ms", "location", "hash", "units out",
-                  "link RTTs ms", title="nodes")
+    nodes = Table("peer", "role", "stage", "state", "iter", "cap", "ms", "location", "hash", "units",
+                  title="nodes (ms: compute per microbatch; units: flow units sent on)")
     for n in summary["nodes"]:
-        rtts = " ".join(f"{short(p)}:{v:.1f}" for p, v in n["links_rtt_ms"].items())
         nodes.add_row(short(n["peer_id"]), n["role"], str(n["stage"]), n["state"], str(n["iteration"]),
                       str(n["capacity"]), f"{n['compute_ms']:.1f}", n["location"] or "-", n["hash"] or "-",
-                      str(n["units_out"]), rtts)
+                      str(n["units_out"]))
     console.print(nodes)
     routing = Table("from", "to", "sink", "units", "RTT ms", title="routing (who sends to whom)")
     for r in summary["routing"]:

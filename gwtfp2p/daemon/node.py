@@ -105,8 +105,9 @@ class Node:
         self.stage, reason = 0, "data holder"
         if not c.is_data_holder:
             self.stage, reason = await pick_stage(self, c.stage)
-        self._phase("stage")
         self.background.spawn(self.view.run(self.loops_stop, lambda: own_record(self)), "dht heartbeat")
+        self.events.emit("placed", peer_id=self.peer_id, stage=self.stage, reason=reason)
+        self._phase("stage")
         self.part = await self.compute.run(build_part, self.spec, self.stage, c.device)
         self.prior_compute_s = await self.compute.run(estimate_compute_s, self.part, self.spec)
         self._phase("model")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from gwtfp2p.config import ConfigError
 from gwtfp2p.daemon.swarm_instance import instance_from_records, spec_activation_bytes
+from gwtfp2p.dht import NodeRecord
 from gwtfp2p.flow.instance import adjacent_stages
 from gwtfp2p.flow.placement import choose_stage
 from gwtfp2p.transport import TransportError
@@ -36,16 +37,10 @@ async def _ping_all(node: Node) -> None:
     await asyncio.gather(*(ping(p) for p in peers))
 
 
-async def pick_stage(node: Node, requested: int | None) -> tuple[int, str]:
-    """``--stage K`` as given (checked against the run), or the placement's choice for ``auto``."""
+def _choose(node: Node, records: dict[str, NodeRecord]) -> tuple[int, str]:
+    """The placement's stage for this node among ``records`` (edge costs from this node's pings)."""
     spec = node.spec
-    assert spec is not None and node.view is not None
-    if requested is not None:
-        if requested > spec.n_stages:
-            raise ConfigError(f"--stage: the run has stages 1..{spec.n_stages}, got {requested}")
-        return requested, "--stage"
-    await _ping_all(node)
-    records = node.view.records
+    assert spec is not None
     instance = instance_from_records(spec, records, node.config.default_bandwidth_bytes_per_s)
     relays = [r.compute_s for r in records.values() if r.role == "relay" and r.compute_s > 0]
     compute_s = sum(relays) / len(relays) if relays else 0.0  # a stage's cost before we measure ours
@@ -62,3 +57,15 @@ async def pick_stage(node: Node, requested: int | None) -> tuple[int, str]:
 
     placement = choose_stage(instance, node.peer_id, node.config.relay_capacity, edge_costs_for, compute_s)
     return placement.stage, placement.reason
+
+
+async def pick_stage(node: Node, requested: int | None) -> tuple[int, str]:
+    """``--stage K`` as given (checked against the run), or the placement's choice for ``auto``."""
+    spec = node.spec
+    assert spec is not None and node.view is not None
+    if requested is not None:
+        if requested > spec.n_stages:
+            raise ConfigError(f"--stage: the run has stages 1..{spec.n_stages}, got {requested}")
+        return requested, "--stage"
+    await _ping_all(node)
+    return _choose(node, dict(node.view.records))

@@ -1,153 +1,19 @@
-"""Real ``gwtf join`` daemons on 127.0.0.1 for integration tests, benchmarks and the demo's tests.
-
-Each daemon runs in its own process group (``start_new_session``) with ``--json``; a reader
-thread collects its events, so tests wait on events (``wait_for``) instead of sleeping. Stopping
-sends SIGTERM (graceful leave) and then SIGKILLs the whole group.
-"""
+"""Local swarms for integration tests: ``gwtf_cli.local_swarm`` with the tests' defaults (fast ticks,
+short heartbeats, INFO logs in each daemon's stderr file, the repository as working directory)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from gwtf_cli import local_swarm
+from gwtf_cli.local_swarm import Daemon, Event
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FAST = ("--tick-s", "0.25", "--heartbeat-s", "2", "--grace-s", "5", "--log-level", "INFO")
-Event = dict[str, Any]
-READY_TIMEOUT_S = 90.0
+FAST = (*local_swarm.FAST, "--log-level", "INFO")
+
+__all__ = ["FAST", "REPO_ROOT", "Daemon", "Event", "Swarm"]
 
 
-class Daemon:
-    """One ``gwtf join --json`` process and the events it printed."""
-
-    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
-        self.name = name
-        self.args = args
-        self.stderr_path = log_dir / f"{name}.stderr"
-        self.started_at = time.time()
-        with open(self.stderr_path, "wb") as stderr:
-            self.popen = subprocess.Popen([sys.executable, "-m", "gwtf_cli.main", "join", "--json", *args],
-                                          cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr,
-                                          start_new_session=True)
-        self.events: list[Event] = []
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.ready: Event = {}
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            with self._changed:
-                self.events.append(event)
-                self._changed.notify_all()
-        with self._changed:
-            self._changed.notify_all()
-
-    def wait_for(self, predicate: Callable[[Event], bool], timeout_s: float, what: str = "") -> Event:
-        """The first event satisfying ``predicate`` (already seen or to come); TimeoutError past the deadline."""
-        deadline = time.monotonic() + timeout_s
-        seen = 0
-        with self._changed:
-            while True:
-                for event in self.events[seen:]:
-                    if predicate(event):
-                        return event
-                seen = len(self.events)
-                if self.popen.poll() is not None and not self._reader.is_alive():
-                    raise RuntimeError(f"{self.name} exited ({self.popen.returncode}) waiting for {what}: "
-                                       f"{self.stderr_tail()}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"{self.name}: no {what or 'matching event'} within {timeout_s:.0f} s; "
-                                       f"stderr: {self.stderr_tail()}")
-                self._changed.wait(min(remaining, 0.5))
-
-    def wait_event(self, name: str, timeout_s: float, **fields: Any) -> Event:
-        return self.wait_for(lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items()),
-                             timeout_s, f"{name} {fields}")
-
-    def of(self, name: str) -> list[Event]:
-        with self._changed:
-            return [e for e in self.events if e.get("event") == name]
-
-    def wait_ready(self, timeout_s: float = 90.0) -> Daemon:
-        self.ready = self.wait_event("ready", timeout_s)
-        return self
-
-    @property
-    def peer_id(self) -> str:
-        return self.ready["peer_id"]
-
-    @property
-    def maddr(self) -> str:
-        return self.ready["maddrs"][0]
-
-    def stderr_tail(self, lines: int = 15) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
-
-    def terminate(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.popen.pid, signal.SIGTERM)
-
-    def kill_group(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=10)
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-
-
-class Swarm:
-    """Daemons of one test; ``close`` stops them all (SIGTERM, then SIGKILL of every group)."""
-
+class Swarm(local_swarm.Swarm):
     def __init__(self, log_dir: Path, common: tuple[str, ...] = FAST) -> None:
-        self.log_dir = log_dir
-        self.common = common
-        self.daemons: list[Daemon] = []
-
-    def spawn(self, name: str, *args: str) -> Daemon:
-        """Start a daemon without waiting for it (``Daemon.wait_ready`` does)."""
-        daemon = Daemon(name, [*self.common, *args], self.log_dir)
-        self.daemons.append(daemon)
-        return daemon
-
-    def start(self, name: str, *args: str, wait_ready_s: float = READY_TIMEOUT_S) -> Daemon:
-        return self.spawn(name, *args).wait_ready(wait_ready_s)
-
-    def bootstrap_args(self) -> tuple[str, ...]:
-        return ("--initial-peers", self.daemons[0].maddr) if self.daemons else ()
-
-    def start_data_holder(self, name: str = "dh0", *args: str) -> Daemon:
-        return self.start(name, "--role", "data", *self.bootstrap_args(), *args)
-
-    def spawn_relay(self, name: str, stage: str, *args: str) -> Daemon:
-        return self.spawn(name, "--stage", stage, *self.bootstrap_args(), *args)
-
-    def start_relay(self, name: str, stage: str, *args: str) -> Daemon:
-        return self.spawn_relay(name, stage, *args).wait_ready(READY_TIMEOUT_S)
-
-    def close(self, grace_s: float = 10.0) -> None:
-        for daemon in self.daemons:
-            daemon.terminate()
-        deadline = time.monotonic() + grace_s
-        for daemon in self.daemons:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                daemon.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for daemon in self.daemons:
-            daemon.kill_group()
+        super().__init__(log_dir, common, cwd=REPO_ROOT)
