@@ -179,6 +179,8 @@ class NodeConfig:
         else:
             require(self.stage is None or (isinstance(self.stage, int) and self.stage >= 1), "--stage",
                     f"a relay serves a stage >= 1 (or 'auto'), got {self.stage!r}")
+        require(self.is_data_holder or bool(self.initial_peers), "--initial-peers",
+                "a relay joins a running swarm: give the address a running node printed (/ip4/.../p2p/...)")
         require(all(isinstance(p, str) and p.startswith("/") for p in self.initial_peers), "--initial-peers",
                 "each peer is a multiaddr such as /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...")
         require(bool(self.host) and " " not in self.host, "--host", "give an IPv4 address such as 0.0.0.0")

@@ -88,6 +88,7 @@ class Node:
     # -- start -----------------------------------------------------------------------------------
     async def start(self) -> None:
         c = self.config
+        link = LinkEmulator(c.location, c.location_scale) if c.location else None  # checks --location first
         self.dht = await SwarmDHT.create(initial_peers=c.initial_peers, host_maddrs=c.host_maddrs,
                                          announce_maddrs=c.announce_maddrs, identity_path=c.identity_path or None,
                                          startup_timeout_s=c.startup_timeout_s)
@@ -95,7 +96,6 @@ class Node:
         self.spec = await resolve_run_spec(self.dht, c)
         self._phase("run spec")
         self.run_id = run_id_of(self.spec)
-        link = LinkEmulator(c.location, c.location_scale) if c.location else None
         self.transport = await Transport.start(await self.dht.replicate_p2p(), NodeHandlers(self), link=link)
         self.maddrs = (await self.transport.visible_maddrs())[:6]
         self.view = SwarmView(self.dht, self.run_id, c.heartbeat_s)
@@ -290,7 +290,8 @@ class Node:
         if self.dht is not None:
             await self.dht.shutdown()
         self.compute.shutdown()
-        self.events.emit("stopped", iteration=self.gate.iteration)
+        if self.state != "joining":
+            self.events.emit("stopped", iteration=self.gate.iteration)
 
 
 def progress_fields(node: Node) -> dict:

@@ -19,11 +19,20 @@ pytestmark = pytest.mark.timeout(240)
 TICK_S = 0.25
 
 
+def start_status(maddr: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gwtf_cli.main", "status", "--initial-peers", maddr, *args],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish_status(process: subprocess.Popen) -> str:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    return out
+
+
 def gwtf_status(maddr: str, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "gwtf_cli.main", "status", "--initial-peers", maddr, *args],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, start_new_session=True)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return finish_status(start_status(maddr, *args))
 
 
 def test_auto_placement_newcomer_and_status(tmp_path: Path) -> None:
@@ -46,7 +55,8 @@ def test_auto_placement_newcomer_and_status(tmp_path: Path) -> None:
         ticks = (got["time"] - online_at) / TICK_S
         assert ticks < 40, f"newcomer waited {ticks:.0f} ticks for flow"
         dh.wait_for(lambda e: e.get("event") == "iteration" and e["units"] == 6, 60, "6 units routed")
-        summary = json.loads(gwtf_status(dh.maddr, "--json"))
+        as_json, as_table = start_status(dh.maddr, "--json"), start_status(dh.maddr)
+        summary = json.loads(finish_status(as_json))
         nodes = {n["peer_id"]: n for n in summary["nodes"]}
         assert {d.peer_id for d in swarm.daemons} <= set(nodes)
         for daemon in swarm.daemons:
@@ -54,7 +64,7 @@ def test_auto_placement_newcomer_and_status(tmp_path: Path) -> None:
         assert summary["unserved_stages"] == [] and summary["routing"]
         assert {r["from"] for r in summary["routing"]} >= {dh.peer_id}
         assert summary["flow"]["units"] == summary["flow"]["oracle_units"] == 6
-        table = gwtf_status(dh.maddr)
+        table = finish_status(as_table)
         for daemon in swarm.daemons:
             assert daemon.peer_id[-6:] in table
         assert "routing" in table
