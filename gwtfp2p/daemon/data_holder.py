@@ -135,7 +135,8 @@ class DataHolder:
         if self.first_microbatch_at is None:
             self.first_microbatch_at = time.time()
             self.events.emit("first_microbatch", iteration=t, peer=hop.peer)
-        self.background.spawn(self.sender.send("forward", hop.peer, meta, hidden), f"forward {mb.key}")
+        self.background.spawn(self.sender.forward_with_failover(hop, meta, hidden, self.routing.other_first_hop),
+                              f"forward {mb.key}")
 
     # -- tail and head (handlers answer at once, the work is queued) ------------------------------
     def _own_current(self, meta: TransferMeta) -> str:

@@ -58,6 +58,7 @@ class RelayDataPath:
         self.forwards = 0
         self.backwards = 0
         self.background = Background("relay data path")
+        self.accept_until: int | None = None  # set when leaving: later iterations are refused
 
     # -- handlers (answer at once) ----------------------------------------------------------------
     async def on_forward(self, sender: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
@@ -66,6 +67,8 @@ class RelayDataPath:
             return Ack(accepted=False, reason=f"this relay serves stage {self.stage}, not {meta.stage}")
         if meta.microbatch.iteration < self.gate.iteration:
             return Ack(accepted=False, reason=f"iteration {meta.microbatch.iteration} is over here")
+        if self.accept_until is not None and meta.microbatch.iteration > self.accept_until:
+            return Ack(accepted=False, reason="this relay is leaving")
         if key in self.hops:
             return Ack(duplicate=True)
         self.hops[key] = HopRecord(meta, sender)
@@ -95,11 +98,11 @@ class RelayDataPath:
         if hop is None:
             logger.warning("no next hop for %s (stage %d has no route yet)", key, self.stage)
             return
-        record.next_hop = hop
         meta = TransferMeta(microbatch=record.meta.microbatch, stage=self._next_stage(), flow_unit=hop.unit,
                             path=(*record.meta.path, self.self_id))
         self.forwards += 1
-        await self.sender.send("forward", hop.peer, meta, output)
+        other = (lambda _tried: None) if self.stage == self.n_stages else self.routing.fallback_hop
+        record.next_hop = await self.sender.forward_with_failover(hop, meta, output, other)
 
     def _next_stage(self) -> int:
         return 0 if self.stage == self.n_stages else self.stage + 1

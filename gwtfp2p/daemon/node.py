@@ -25,13 +25,14 @@ from gwtfp2p.daemon.events import Events
 from gwtfp2p.daemon.gate import IterationGate
 from gwtfp2p.daemon.handlers import NodeHandlers
 from gwtfp2p.daemon.joining import Joiner
+from gwtfp2p.daemon.leaving import leave
 from gwtfp2p.daemon.links import LinkTable
 from gwtfp2p.daemon.members import MemberTable
 from gwtfp2p.daemon.membership import SwarmView
 from gwtfp2p.daemon.parts import build_part, estimate_compute_s, load_sampler
 from gwtfp2p.daemon.peers import PeerManager
 from gwtfp2p.daemon.placing import pick_stage
-from gwtfp2p.daemon.records import own_record
+from gwtfp2p.daemon.records import own_record, progress_fields
 from gwtfp2p.daemon.routing import FlowDriver
 from gwtfp2p.daemon.sending import Sender
 from gwtfp2p.daemon.spec_source import resolve_run_spec
@@ -185,7 +186,7 @@ class Node:
         else:
             work = bg.spawn(self._relay_steps(abort), "aggregation steps")
         await stop.wait()
-        await self._leave(work, abort)
+        await leave(self, work, abort)
         loops_stop.set()
 
     async def _relay_steps(self, abort: asyncio.Event) -> None:
@@ -243,43 +244,7 @@ class Node:
             except asyncio.TimeoutError:
                 self.events.emit("progress", **progress_fields(self))
 
-    # -- leave and shut down ---------------------------------------------------------------------
-    async def _leave(self, work: asyncio.Task, abort: asyncio.Event) -> None:
-        assert self.view is not None and self.routing is not None and self.members is not None
-        self.state = "leaving"
-        self.events.emit("leaving", iteration=self.gate.iteration)
-        self.routing.set_capacity(0)
-        last = self._last_iteration()
-        self.members.set_until(self.peer_id, last)
-        assert self.peers is not None
-        await self.peers.announce_to_stage()
-        try:
-            await self.view.publish(own_record(self))
-        except Exception as e:  # the DHT may be gone already; leaving goes on
-            logger.debug("leaving record not published: %s", e)
-        if self.gate.iteration <= last:
-            try:
-                await asyncio.wait_for(self._until_past(last), self.config.grace_s)
-            except asyncio.TimeoutError:
-                logger.warning("left before finishing iteration %d (grace period of %.0f s over)", last,
-                               self.config.grace_s)
-        abort.set()
-        work.cancel()
-
-    def _last_iteration(self) -> int:
-        """The last iteration this node contributes to: the current one if it did work in it."""
-        t = self.gate.iteration
-        busy = self.aggregator is not None and self.aggregator.active == t
-        if isinstance(self.data, DataHolder):
-            busy = busy or (self.data.ledger is not None and self.data.ledger.iteration == t)
-        elif isinstance(self.data, RelayDataPath):
-            busy = busy or any(r.meta.microbatch.iteration == t for r in self.data.hops.values())
-        return t if busy else t - 1
-
-    async def _until_past(self, iteration: int) -> None:
-        while self.gate.iteration <= iteration:
-            await asyncio.sleep(0.1)
-
+    # -- shut down ---------------------------------------------------------------------------
     async def shutdown(self) -> None:
         await self.background.close()
         for component in (self.data, self.aggregator, self.peers, self.routing):
@@ -294,20 +259,18 @@ class Node:
             self.events.emit("stopped", iteration=self.gate.iteration)
 
 
-def progress_fields(node: Node) -> dict:
-    data = node.data
-    routes = node.routing.summary() if node.routing is not None else []
-    fields = {"role": node.config.role, "stage": node.stage, "iteration": node.gate.iteration,
-              "units": sum(n for _, _, n in routes), "peers": len(node.view.records) if node.view else 0,
-              "compute_ms": round(node.compute_s() * 1000, 2), "loss": node.loss,
-              "tokens_per_s": node.tokens_per_s}
-    if isinstance(data, RelayDataPath):
-        fields.update(forwards=data.forwards, backwards=data.backwards, in_flight=data.in_flight)
-    return fields
+def _quiet_shutdown_noise(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """hivemind's P2P client leaves a reader task that fails with a reset connection when p2pd stops;
+    that is expected at shutdown and only logged at debug level. Everything else as usual."""
+    if isinstance(context.get("exception"), (ConnectionResetError, BrokenPipeError)):
+        logger.debug("ignored at shutdown: %s", context.get("message"))
+        return
+    loop.default_exception_handler(context)
 
 
 async def run_node(config: NodeConfig, events: Events, stop: asyncio.Event) -> None:
     """Start a node, serve until ``stop`` is set, leave and shut down (also on errors)."""
+    asyncio.get_running_loop().set_exception_handler(_quiet_shutdown_noise)
     node = Node(config, events)
     try:
         await node.start()

@@ -1,6 +1,7 @@
-"""This node's DHT record: role, stage, state, capacity, measured compute and links, routing, hash.
+"""What a node says about itself: its DHT record and its periodic ``progress`` event.
 
-Built fresh for every heartbeat from the node's components; bounded to the record's limits
+The record (role, stage, state, capacity, measured compute and links, routing, state hash, loss)
+is built fresh for every heartbeat from the node's components and bounded to the record's limits
 (``MAX_LINKS`` links, ``MAX_ROUTES`` routing lines), so it always encodes under the DHT cap.
 """
 
@@ -38,3 +39,15 @@ def own_record(node: Node) -> NodeRecord:
 def _location(node: Node) -> str:
     link = node.transport.link if node.transport is not None else None
     return link.own_location if link is not None else ""
+
+
+def progress_fields(node: Node) -> dict:
+    data = node.data
+    routes = node.routing.summary() if node.routing is not None else []
+    fields = {"role": node.config.role, "stage": node.stage, "iteration": node.gate.iteration,
+              "units": sum(n for _, _, n in routes), "peers": len(node.view.records) if node.view else 0,
+              "compute_ms": round(node.compute_s() * 1000, 2), "loss": node.loss,
+              "tokens_per_s": node.tokens_per_s}
+    if hasattr(data, "in_flight"):
+        fields.update(forwards=data.forwards, backwards=data.backwards, in_flight=data.in_flight)
+    return fields

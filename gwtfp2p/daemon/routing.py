@@ -154,11 +154,19 @@ class FlowDriver:
                 return Hop(route.next, route.out_edge)
         return None
 
-    def fallback_hop(self) -> Hop | None:
-        """The cheapest next-stage neighbour, for a microbatch whose unit vanished meanwhile."""
-        core = self.flow.core
-        best = min(core.next_neighbours(), key=lambda n: (n.cost, n.node_id), default=None)
+    def fallback_hop(self, exclude: set[str] | frozenset[str] = frozenset()) -> Hop | None:
+        """The cheapest next-stage neighbour not in ``exclude``, for a microbatch whose unit vanished
+        meanwhile or whose next hop refused it."""
+        candidates = [n for n in self.flow.core.next_neighbours() if n.node_id not in exclude]
+        best = min(candidates, key=lambda n: (n.cost, n.node_id), default=None)
         return None if best is None else Hop(best.node_id, "")
+
+    def other_first_hop(self, exclude: set[str]) -> Hop | None:
+        """A data holder's alternative first hop: another complete unit's, else the cheapest neighbour."""
+        for hop in self.first_hops():
+            if hop.peer not in exclude:
+                return hop
+        return self.fallback_hop(exclude)
 
     def summary(self) -> list[tuple[str, str, int]]:
         """(next peer, sink, units) of this node's routed units, for its DHT record."""

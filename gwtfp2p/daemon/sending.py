@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
 from gwtfp2p.daemon.links import LinkTable
+from gwtfp2p.daemon.routing import Hop
 from gwtfp2p.transport import Ack, PeerUnreachable, RemoteError, TransferMeta, Transport, TransportError
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,7 @@ class Sender:
         for attempt, delay in enumerate((*RETRY_DELAYS_S, None)):
             started = time.monotonic()
             try:
-                ack = await call(peer, meta.model_copy(update={"attempt": attempt}) if attempt else meta,
-                                 tensor, timeout_s=self.timeout_for(peer, size))
+                ack = await call(peer, meta, tensor, timeout_s=self.timeout_for(peer, size))
             except (RemoteError, PeerUnreachable, TransportError) as e:
                 logger.debug("%s of %s to %s failed (attempt %d): %s", kind, meta.microbatch.key, peer, attempt, e)
                 if delay is None:
@@ -57,6 +58,25 @@ class Sender:
             self.links.observe_transfer(peer, size, time.monotonic() - started)
             self.bytes_sent += size
             if not ack.accepted:
-                logger.warning("%s of %s refused by %s: %s", kind, meta.microbatch.key, peer, ack.reason)
+                logger.info("%s of %s refused by %s: %s", kind, meta.microbatch.key, peer, ack.reason)
             return ack
+        return None
+
+    async def forward_with_failover(self, hop: Hop | None, meta: TransferMeta, tensor: torch.Tensor,
+                                    other: Callable[[set[str]], Hop | None]) -> Hop | None:
+        """Send a forward to ``hop``; if that peer is unreachable or refuses it (e.g. it is leaving),
+        resend the same output to ``other(tried)`` (another replica of the next stage), and so on.
+        Returns the hop that took it, or None."""
+        tried: set[str] = set()
+        attempt = meta.attempt
+        while hop is not None:
+            update = {"flow_unit": hop.unit, "attempt": attempt}
+            ack = await self.send("forward", hop.peer, meta.model_copy(update=update), tensor)
+            if ack is not None and (ack.accepted or ack.duplicate):
+                return hop
+            tried.add(hop.peer)
+            hop, attempt = other(tried), attempt + 1
+            if hop is not None:
+                logger.info("resending %s to %s", meta.microbatch.key, hop.peer)
+        logger.warning("no replica of the next stage took %s", meta.microbatch.key)
         return None

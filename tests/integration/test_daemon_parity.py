@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 
 from gwtfp2p.config import RunSpec
 from gwtfp2p.daemon.parts import load_sampler
@@ -37,6 +38,15 @@ def write_spec(spec: RunSpec, path: Path) -> str:
 
 def reference_losses(spec: RunSpec, participants: dict[int, list[int]]) -> dict[int, dict[tuple[int, int], float]]:
     """Harness losses per iteration: {(shard, index): loss} with the shards that took part."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is several times faster on a busy machine
+    try:
+        return _reference_losses(spec, participants)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _reference_losses(spec: RunSpec, participants: dict[int, list[int]]) -> dict[int, dict[tuple[int, int], float]]:
     harness = PipelineHarness(spec, replicas=[2, 2], data_holders=2)
     samplers = {shard: load_sampler(spec, shard, 2) for shard in (0, 1)}
     losses = {}
