@@ -51,6 +51,18 @@ class Route:
     path_cost: float
 
 
+@dataclass(frozen=True)
+class Hop:
+    """One of this node's out-units as the data plane sees it: where a unit goes next."""
+
+    edge_id: str
+    next: str
+    sink: str
+    confirmed: bool
+    complete: bool
+    down_cost: float
+
+
 class FlowNode:
     """The decentralized flow protocol for one data holder (stage 0) or relay (stage 1..S)."""
 
@@ -91,6 +103,9 @@ class FlowNode:
     @property
     def messages_sent(self) -> int:
         return self.core.messages_sent
+
+    def has_neighbour(self, node_id: str) -> bool:
+        return node_id in self.core.neighbours
 
     # -- neighbourhood events -------------------------------------------------------------------
     def add_neighbour(self, node_id: str, stage: int, cost: float | None = None,
@@ -209,6 +224,19 @@ class FlowNode:
             routes.append(Route(unit.sink, unit.edge_id, unit.prev, out.edge_id if out else None,
                                 out.next if out else None, complete, unit.up_cost + remaining))
         return routes
+
+    def out_hops(self) -> list[Hop]:
+        """Every out-unit that carries a unit (re-routes under construction excluded), by edge id."""
+        return [Hop(o.edge_id, o.next, o.sink, o.confirmed, o.complete, o.down_cost)
+                for o in sorted(self.core.outs.values(), key=lambda o: o.edge_id) if not o.building]
+
+    def next_hop(self, in_edge: str) -> Hop | None:
+        """Where the unit that arrived on ``in_edge`` goes next (None: unknown or not routed yet)."""
+        unit = self.core.ins.get(in_edge)
+        out = self.core.outs.get(unit.out_id) if unit is not None and unit.out_id else None
+        if out is None:
+            return None
+        return Hop(out.edge_id, out.next, out.sink, out.confirmed, out.complete, out.down_cost)
 
     def routed_units(self) -> int:
         """Units this data holder believes complete (its own view; the bus checks globally)."""

@@ -84,7 +84,7 @@ class GwtfRouter(Router):
         self.expired.add(node_id)
         for other_id in self.order:
             flow = self.flows[other_id]
-            if node_id in flow.core.neighbours:
+            if flow.has_neighbour(node_id):
                 self._send(other_id, flow.lose_neighbour(node_id, self.tick))
 
     # -- control plane on the simulated network ------------------------------------------------------
@@ -122,8 +122,7 @@ class GwtfRouter(Router):
         if flow is None:
             return 0, []
         busy = self.busy[dh]
-        complete = [o for o in flow.core.outs.values()
-                    if o.confirmed and o.complete and self.believes_alive(dh, o.next)]
+        complete = [o for o in flow.out_hops() if o.confirmed and o.complete and self.believes_alive(dh, o.next)]
         free = [o for o in complete if o.edge_id not in busy]
         return len(complete), free
 
@@ -148,8 +147,7 @@ class GwtfRouter(Router):
         flow = self.flows.get(node_id)
         edge = m.tag[pos - 1]
         if flow is not None and edge is not None:
-            unit = flow.core.ins.get(edge)
-            out = flow.core.outs.get(unit.out_id) if unit is not None and unit.out_id else None
+            out = flow.next_hop(edge)
             if out is not None and out.confirmed and self.believes_alive(node_id, out.next):
                 return out.next, out.edge_id
         return self._fallback(node_id, m, pos, None)
@@ -162,7 +160,7 @@ class GwtfRouter(Router):
         flow = self.flows.get(node_id)
         best, best_key = None, None
         if flow is not None:
-            for out in flow.core.outs.values():
+            for out in flow.out_hops():
                 if not out.confirmed or out.sink != m.dh or out.next == exclude:
                     continue
                 if not self.believes_alive(node_id, out.next):
@@ -198,5 +196,5 @@ class GwtfRouter(Router):
             return
         node.suspects.add(dead)
         flow = self.flows.get(observer)
-        if flow is not None and dead in flow.core.neighbours:
+        if flow is not None and flow.has_neighbour(dead):
             self._send(observer, flow.lose_neighbour(dead, self.tick))
