@@ -123,7 +123,7 @@ class Aggregator:
         """Gather every expected member's contribution for ``iteration``, reduce, step."""
         self.active = iteration
         rnd = self._round(iteration)
-        own = await self.compute.run(self.part.grad_contribution, self.self_id)
+        own = await self.compute.run(self._own_contribution)
         rnd.own = Received(own, dict(tags or {}))
         expected = await self._gather(iteration, rnd)
         contributions = [rnd.own.contribution if p == self.self_id else rnd.received[p].contribution
@@ -134,6 +134,12 @@ class Aggregator:
         for old in [t for t in self._rounds if t < iteration - 1]:
             del self._rounds[old]  # ours of the last round stays, for members who learn of us late
         return Outcome(step, tuple(expected), every)
+
+    def _own_contribution(self) -> GradContribution:
+        """On the compute thread: ours, on the CPU (the transport sends CPU tensors; every member then
+        reduces CPU tensors alike, whatever its device)."""
+        own = self.part.grad_contribution(self.self_id)
+        return GradContribution(own.replica_id, own.grad_sum.cpu(), own.count)
 
     def _apply(self, contributions: list[GradContribution], iteration: int) -> StepResult:
         """On the compute thread: the step, and the state's iteration with it (read by ``state``)."""

@@ -56,6 +56,8 @@ def estimate_compute_s(part: StageExecutor | DataHolderExecutor, spec: RunSpec) 
                 part.module.tail(part.module.head(ids), ids)
             else:
                 part.module(torch.zeros((*shape, hidden), device=device))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - started)
     return BACKWARD_FACTOR * best
 
