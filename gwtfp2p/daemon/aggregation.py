@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,10 @@ class Aggregator:
         self._rounds: dict[int, Round] = {}
         self._changed = asyncio.Condition()
         self.background = Background(f"aggregation of stage {stage}")
+        # Online same-part peers that have not told us their membership yet: waited for (their
+        # notice comes when they discover us), except those that stayed silent past a deadline.
+        self.online_peers: Callable[[], list[str]] = lambda: []
+        self.ignored: set[str] = set()
 
     def _round(self, iteration: int) -> Round:
         return self._rounds.setdefault(iteration, Round())
@@ -151,6 +156,9 @@ class Aggregator:
         """On the compute thread: (iteration, state bytes), consistent with each other."""
         return self.state_iteration, self.part.state_bytes()
 
+    def unannounced(self) -> list[str]:
+        return [p for p in self.online_peers() if p not in self.members and p not in self.ignored]
+
     async def _gather(self, iteration: int, rnd: Round) -> list[str]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
@@ -160,7 +168,8 @@ class Aggregator:
                 if peer != self.self_id and peer not in rnd.pushed:
                     self._push(iteration, peer)
             missing = [p for p in expected if p != self.self_id and p not in rnd.received]
-            if not missing:
+            unannounced = [p for p in self.unannounced() if p not in self.members]
+            if not missing and not unannounced:
                 return expected
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -168,6 +177,7 @@ class Aggregator:
                                "without them", self.stage, iteration, missing, self.timeout_s)
                 for peer in missing:
                     self.members.remove(peer)
+                self.ignored.update(unannounced)
                 continue
             with contextlib.suppress(asyncio.TimeoutError):
                 async with self._changed:

@@ -68,8 +68,7 @@ class NodeHandlers:
         aggregator = node.aggregator
         if member.stage != node.stage or aggregator is None:
             return
-        busy = aggregator.active if aggregator.active is not None else aggregator.done_through
-        stale = member.from_iteration <= max(busy, aggregator.done_through)
+        stale = member.from_iteration <= aggregator.done_through  # we already stepped that iteration
         known = node.members.get(sender)
         if member.until_iteration is not None and known is not None:
             node.members.set_until(sender, member.until_iteration)

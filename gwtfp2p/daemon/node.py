@@ -136,6 +136,7 @@ class Node:
         assert spec is not None and self.transport is not None and self.view is not None
         assert self.sender is not None and self.members is not None
         self.aggregator = Aggregator(self.peer_id, self.stage, self.members, self.part, self.compute, self.sender)
+        self.aggregator.online_peers = self._online_same_stage
         params = FlowParams(tick_s=c.tick_s)
         capacity = 0 if c.is_data_holder else c.relay_capacity
         flow = FlowNode(self.peer_id, self.stage, spec.n_stages, capacity=capacity,
@@ -153,6 +154,10 @@ class Node:
         else:
             self.data = RelayDataPath(self.peer_id, self.stage, spec.n_stages, self.part, self.compute, self.sender,
                                       self.routing, self.gate)
+
+    def _online_same_stage(self) -> list[str]:
+        assert self.view is not None
+        return [r.peer_id for r in self.view.by_stage(self.stage) if r.state == "online"]
 
     def _unreachable(self, peer: str) -> None:
         if self.peers is not None:

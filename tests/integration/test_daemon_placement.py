@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gwtf_cli.demo_cmd import in_sync
 from tests.integration.swarm import REPO_ROOT, Swarm
 from tests.integration.test_daemon_parity import write_spec
 
@@ -54,7 +55,9 @@ def test_auto_placement_newcomer_and_status(tmp_path: Path) -> None:
                                 "the newcomer's first microbatch")
         ticks = (got["time"] - online_at) / TICK_S
         assert ticks < 40, f"newcomer waited {ticks:.0f} ticks for flow"
-        dh.wait_for(lambda e: e.get("event") == "iteration" and e["units"] == 6, 60, "6 units routed")
+        last = dh.wait_for(lambda e: e.get("event") == "iteration" and e["units"] == 6, 60, "6 units routed")
+        newcomer.wait_event("step", 60, iteration=last["iteration"])
+        assert in_sync(swarm.daemons)  # replicas that joined mid-run (state download) step in sync
         as_json, as_table = start_status(dh.maddr, "--json"), start_status(dh.maddr)
         summary = json.loads(finish_status(as_json))
         nodes = {n["peer_id"]: n for n in summary["nodes"]}
