@@ -142,7 +142,7 @@ class Node:
         flow = FlowNode(self.peer_id, self.stage, spec.n_stages, capacity=capacity,
                         supply=spec.microbatches_per_dh if c.is_data_holder else 0, params=params,
                         rng=random.Random(f"{spec.seed}:{self.peer_id}"))
-        self.routing = FlowDriver(flow, self.transport, c.tick_s, on_unreachable=self._unreachable)
+        self.routing = FlowDriver(flow, spec.n_stages, self.transport, c.tick_s, on_unreachable=self._unreachable)
         self.peers = PeerManager(self.peer_id, self.stage, spec.n_stages, self.transport, self.view, self.links,
                                  self.routing, self.members, self.compute_s, spec_activation_bytes(spec),
                                  probe_s=max(1.0, 4 * c.tick_s))

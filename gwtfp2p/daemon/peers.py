@@ -122,8 +122,8 @@ class PeerManager:
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.probe_s)
-            peers = [n.node_id for n in self.routing.flow.core.neighbours.values()
-                     if n.stage != self.stage]
+            same_stage = set(self.routing.neighbours(self.stage))
+            peers = [p for p in self.routing.neighbours() if p not in same_stage]
             results = await asyncio.gather(*(self._ping(p) for p in peers))
             for peer, ok in zip(peers, results, strict=True):
                 cost = self._cost(peer) if ok else None

@@ -45,7 +45,7 @@ class _Outbox:
 class FlowDriver:
     """One node's flow protocol on the wire."""
 
-    def __init__(self, flow: FlowNode, transport: Transport, tick_s: float,
+    def __init__(self, flow: FlowNode, n_stages: int, transport: Transport, tick_s: float,
                  on_unreachable: Callable[[str], None] | None = None) -> None:
         self.flow = flow
         self.transport = transport
@@ -54,6 +54,8 @@ class FlowDriver:
         self.on_unreachable = on_unreachable or (lambda _peer: None)
         self._outboxes: dict[str, _Outbox] = {}
         self._costs: dict[str, float] = {}
+        self._stages: dict[str, int] = {}
+        self.next_stage = 0 if flow.stage == n_stages else flow.stage + 1
         self._routes_version = -1
         self._routes: list[Route] = []
         self.messages_in = 0
@@ -62,16 +64,18 @@ class FlowDriver:
     def add_neighbour(self, peer: str, stage: int, cost: float | None) -> None:
         if cost is not None:
             self._costs[peer] = cost
+        self._stages[peer] = stage
         self._dispatch(self.flow.add_neighbour(peer, stage, cost, self.now))
 
     def update_cost(self, peer: str, cost: float) -> None:
         """Re-cost an edge when the new measurement differs enough (hysteresis against noise)."""
-        if peer in self.flow.core.neighbours and cost_changed(self._costs.get(peer), cost):
+        if self.flow.has_neighbour(peer) and cost_changed(self._costs.get(peer), cost):
             self._costs[peer] = cost
             self._dispatch(self.flow.set_edge_cost(peer, cost, self.now))
 
     def lose_neighbour(self, peer: str) -> None:
         self._costs.pop(peer, None)
+        self._stages.pop(peer, None)
         self._dispatch(self.flow.lose_neighbour(peer, self.now))
         outbox = self._outboxes.pop(peer, None)
         if outbox is not None and outbox.task is not None:
@@ -81,7 +85,11 @@ class FlowDriver:
         self._dispatch(self.flow.set_capacity(capacity, self.now))
 
     def knows(self, peer: str) -> bool:
-        return peer in self.flow.core.neighbours
+        return self.flow.has_neighbour(peer)
+
+    def neighbours(self, stage: int | None = None) -> list[str]:
+        """Flow neighbours (of ``stage`` if given), sorted."""
+        return sorted(p for p, k in self._stages.items() if stage is None or k == stage)
 
     def cost(self, peer: str) -> float | None:
         return self._costs.get(peer)
@@ -144,22 +152,19 @@ class FlowDriver:
 
     def first_hops(self) -> list[Hop]:
         """A data holder's complete flow units (first hop of each), in a stable order."""
-        return [Hop(r.next, r.out_edge) for r in self.routes()
-                if r.in_edge is None and r.complete and r.next and r.out_edge]
+        return [Hop(h.next, h.edge_id) for h in self.flow.out_hops() if h.confirmed and h.complete]
 
     def next_hop(self, in_unit: str) -> Hop | None:
         """The next hop of the unit a microbatch arrived on (None if this node no longer has it)."""
-        for route in self.routes():
-            if route.in_edge == in_unit and route.next and route.out_edge:
-                return Hop(route.next, route.out_edge)
-        return None
+        hop = self.flow.next_hop(in_unit) if in_unit else None
+        return None if hop is None else Hop(hop.next, hop.edge_id)
 
     def fallback_hop(self, exclude: set[str] | frozenset[str] = frozenset()) -> Hop | None:
         """The cheapest next-stage neighbour not in ``exclude``, for a microbatch whose unit vanished
         meanwhile or whose next hop refused it."""
-        candidates = [n for n in self.flow.core.next_neighbours() if n.node_id not in exclude]
-        best = min(candidates, key=lambda n: (n.cost, n.node_id), default=None)
-        return None if best is None else Hop(best.node_id, "")
+        candidates = [p for p in self.neighbours(self.next_stage) if p not in exclude and p in self._costs]
+        best = min(candidates, key=lambda p: (self._costs[p], p), default=None)
+        return None if best is None else Hop(best, "")
 
     def other_first_hop(self, exclude: set[str]) -> Hop | None:
         """A data holder's alternative first hop: another complete unit's, else the cheapest neighbour."""
