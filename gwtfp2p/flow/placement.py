@@ -1,9 +1,10 @@
 """Stage placement for ``--stage auto`` and the rebalancing predicate (pure).
 
 A newcomer reads the swarm from the DHT (an instance) and tries every stage: it goes where it
-raises the swarm's maximum flow the most; ties go to the lower total cost, then to the stage
-with the least capacity (the bottleneck: an unserved stage first), then the lower index. A
-node already serving moves only when moving raises the flow by a clear margin (no flapping).
+raises the swarm's maximum flow the most; ties go to the lower total cost (within 2 % counts as
+equal: measured costs are noisy), then to the stage with the least capacity (the bottleneck: an
+unserved stage first), then the lower index. A node already serving moves only when moving
+raises the flow by a clear margin (no flapping).
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ def evaluate_stage(instance: FlowInstance, node: NodeSpec, costs: Mapping[str, f
     return StageOption(node.stage, quality.flow_value, quality.total_cost, before)
 
 
+COST_TIE = 0.02  # total costs within 2 % are a tie (measurement noise): the bottleneck stage wins
+
+
+def _rank(options: list[StageOption]) -> StageOption:
+    """Most flow; then lowest cost, near-equal costs counting as equal; then least capacity."""
+    top_flow = max(o.flow_value for o in options)
+    best = [o for o in options if o.flow_value == top_flow]
+    cheapest = min(o.total_cost for o in best)
+    near = [o for o in best if o.total_cost <= cheapest * (1 + COST_TIE) + 1e-12]
+    return min(near, key=lambda o: (o.stage_capacity_before, o.total_cost, o.stage))
+
+
 def choose_stage(instance: FlowInstance, node_id: str, capacity: int, edge_costs_for: EdgeCostsFor,
                  compute_s: float = 0.0) -> Placement:
     """Pick the stage where a newcomer of ``capacity`` raises the flow the most.
@@ -63,8 +76,7 @@ def choose_stage(instance: FlowInstance, node_id: str, capacity: int, edge_costs
     for stage in range(1, instance.n_stages + 1):
         node = NodeSpec(node_id, stage, capacity=capacity, compute_s=compute_s)
         options.append(evaluate_stage(instance, node, edge_costs_for(stage)))
-    best = min(options, key=lambda o: (-o.flow_value, o.total_cost if o.flow_value else 0.0,
-                                       o.stage_capacity_before, o.stage))
+    best = _rank(options)
     if best.stage_capacity_before == 0:
         reason = f"stage {best.stage} has no replica"
     elif best.flow_value > base:

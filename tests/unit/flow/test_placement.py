@@ -65,3 +65,12 @@ def test_rebalance_moves_for_a_clear_gain():
     inst = swarm({1: [10, 10], 2: [1], 3: [10]}, supply=50)
     decision = should_rebalance(inst, "s1r1", uniform_costs(inst))
     assert decision.move and decision.to_stage == 2
+
+
+def test_near_equal_costs_go_to_the_stage_with_least_capacity():
+    inst = swarm({1: [10], 2: [4], 3: [10]}, supply=3, cost=10.0)
+
+    def costs(stage):  # stage 1 is 1 % cheaper: noise, not a reason to skip the bottleneck
+        return {k: (9.9 if stage == 1 else 10.0) for k in uniform_costs(inst)(stage)}
+
+    assert choose_stage(inst, "new", 5, costs).stage == 2
