@@ -16,7 +16,7 @@ from gwtfp2p.flow.core import InUnit, Neighbour, NodeCore, OutUnit
 from gwtfp2p.flow.growth import Growth
 from gwtfp2p.flow.messages import FlowTable, TableUnit
 from gwtfp2p.flow.moves import MoveExecutor, PendingMove
-from gwtfp2p.flow.objective import gain as objective_gain
+from gwtfp2p.flow.objective import gain1, gain2
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,22 @@ class Annealer:
         self.growth = growth
         self.moves = moves
         self._memo: dict[str, tuple[tuple, Candidate | None]] = {}
+        self._table_cache: tuple[tuple, FlowTable] | None = None
         self._last_table: FlowTable | None = None
         self._last_table_tick = -(10**9)
 
     # -- gossip ----------------------------------------------------------------------------
     def table(self) -> FlowTable:
+        """This node's flow table (built at most once per tick and routing version)."""
+        c = self.core
+        key = (c.now, c.routing_version, c.spare())
+        if self._table_cache is not None and self._table_cache[0] == key:
+            return self._table_cache[1]
+        table = self._build_table()
+        self._table_cache = (key, table)
+        return table
+
+    def _build_table(self) -> FlowTable:
         c = self.core
         units = []
         for unit, out in self.my_units():
@@ -166,7 +177,7 @@ class Annealer:
             if my_in is None or my_out is None:
                 continue
             old = u.up_cost + u.down_cost
-            gain = objective_gain([old], [old + my_in + my_out - u.in_cost - u.out_cost], weight)
+            gain = gain1(old, old + my_in + my_out - u.in_cost - u.out_cost, weight)
             if gain > best_gain:
                 best, best_gain = (u, my_in, my_out), gain
         if best is None:
@@ -194,7 +205,7 @@ class Annealer:
                 their_old = u.up_cost + u.down_cost
                 my_new = unit.up_cost + d_pb + u.down_cost - u.out_cost
                 their_new = u.up_cost + d_qa + rem_a
-                gain = objective_gain((my_old, their_old), (my_new, their_new), weight)
+                gain = gain2(my_old, their_old, my_new, their_new, weight)
                 if gain > best_gain:
                     best, best_gain = (u, unit, out, d_qa, d_pb), gain
         if best is None:
@@ -223,7 +234,7 @@ class Annealer:
                     continue
                 u_old = u.up_cost + u.down_cost
                 u_new = u_old - u.in_cost - u.out_cost + d_cp + d_pd
-                gain = objective_gain((m_old, u_old), (m_new, u_new), weight)
+                gain = gain2(m_old, u_old, m_new, u_new, weight)
                 if gain > best_gain:
                     best, best_gain = (u, m, d_cp, d_pd), gain
         if best is None:

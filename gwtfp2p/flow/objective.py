@@ -23,3 +23,23 @@ def gain(old_costs: Sequence[float], new_costs: Sequence[float], weight: float) 
     raw = sum(max(c, 0.0) ** power for c in old_costs) - sum(max(c, 0.0) ** power for c in new_costs)
     mean = max(1e-12, (sum(old_costs) + sum(new_costs)) / (len(old_costs) + len(new_costs)))
     return raw / (power * mean**weight)
+
+
+def gain1(old: float, new: float, weight: float) -> float:
+    """``gain([old], [new], weight)`` without the generic overhead (hot path of the annealer)."""
+    if weight == 0.0:
+        return old - new
+    power = 1.0 + weight
+    mean = max(1e-12, (old + new) / 2)
+    return (max(old, 0.0) ** power - max(new, 0.0) ** power) / (power * mean**weight)
+
+
+def gain2(old_a: float, old_b: float, new_a: float, new_b: float, weight: float) -> float:
+    """``gain([old_a, old_b], [new_a, new_b], weight)`` for moves that touch two units."""
+    if weight == 0.0:
+        return old_a + old_b - new_a - new_b
+    power = 1.0 + weight
+    mean = max(1e-12, (old_a + old_b + new_a + new_b) / 4)
+    raw = (max(old_a, 0.0) ** power + max(old_b, 0.0) ** power
+           - max(new_a, 0.0) ** power - max(new_b, 0.0) ** power)
+    return raw / (power * mean**weight)

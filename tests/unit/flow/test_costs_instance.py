@@ -62,3 +62,13 @@ def test_instance_validation_names_the_problem():
         FlowInstance(2, nodes, {edge_key("dh", "zz"): 1.0})
     with pytest.raises(InstanceError, match="malformed"):
         FlowInstance.from_json(json.dumps({"n_stages": 2, "nodes": [{"stage": 0}], "edges": []}))
+
+
+def test_fast_gains_equal_the_generic_potential():
+    from gwtfp2p.flow.objective import gain, gain1, gain2
+
+    for w in (0.0, 0.5, 1.0):
+        assert gain1(10.0, 7.0, w) == pytest.approx(gain([10.0], [7.0], w))
+        assert gain2(10.0, 3.0, 7.0, 8.0, w) == pytest.approx(gain([10.0, 3.0], [7.0, 8.0], w))
+    assert gain([10.0], [7.0], 0.0) == 3.0
+    assert gain([10.0, 10.0], [16.0, 4.0], 0.5) < 0  # same sum, a longer worst path: worse
