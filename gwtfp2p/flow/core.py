@@ -224,6 +224,8 @@ class NodeCore:
 
     def flush_dirty(self) -> None:
         """Send one Refresh per neighbour for every unit whose costs or completeness changed."""
+        if not self._dirty_forward and not self._dirty_backward:
+            return
         forward: dict[str, list[ForwardEntry]] = defaultdict(list)
         backward: dict[str, list[BackwardEntry]] = defaultdict(list)
         for out_id in sorted(self._dirty_forward):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.annealing import Annealer
@@ -51,8 +52,7 @@ class Route:
     path_cost: float
 
 
-@dataclass(frozen=True)
-class Hop:
+class Hop(NamedTuple):
     """One of this node's out-units as the data plane sees it: where a unit goes next."""
 
     edge_id: str
@@ -225,10 +225,14 @@ class FlowNode:
                                 out.next if out else None, complete, unit.up_cost + remaining))
         return routes
 
-    def out_hops(self) -> list[Hop]:
-        """Every out-unit that carries a unit (re-routes under construction excluded), by edge id."""
+    def out_hops(self, sink: str | None = None, complete_only: bool = False) -> list[Hop]:
+        """Out-units that carry a unit (re-routes under construction excluded), in edge-id order;
+        optionally only those towards ``sink`` and only confirmed, complete ones."""
+        outs = self.core.outs
         return [Hop(o.edge_id, o.next, o.sink, o.confirmed, o.complete, o.down_cost)
-                for o in sorted(self.core.outs.values(), key=lambda o: o.edge_id) if not o.building]
+                for o in (outs[k] for k in sorted(outs))
+                if not o.building and (sink is None or o.sink == sink)
+                and (not complete_only or (o.confirmed and o.complete))]
 
     def next_hop(self, in_edge: str) -> Hop | None:
         """Where the unit that arrived on ``in_edge`` goes next (None: unknown or not routed yet)."""

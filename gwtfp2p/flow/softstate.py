@@ -31,13 +31,11 @@ class SoftState:
     def _expire(self) -> None:
         c = self.core
         ttl = c.params.soft_state_ttl_ticks
-        for in_id in sorted(c.ins):
-            unit = c.ins.get(in_id)
-            if unit is not None and c.now - unit.refreshed > ttl:
+        for in_id in sorted(i for i, u in c.ins.items() if c.now - u.refreshed > ttl):
+            if in_id in c.ins:  # an earlier drop may have cascaded to it
                 c.drop_in(in_id, push_back=False)
-        for out_id in sorted(c.outs):
-            out = c.outs.get(out_id)
-            if out is not None and out.confirmed and c.now - out.refreshed > ttl:
+        for out_id in sorted(o for o, u in c.outs.items() if u.confirmed and c.now - u.refreshed > ttl):
+            if out_id in c.outs:
                 c.drop_out(out_id, cancel=True)
         for unit in c.ins.values():
             if unit.awaiting is not None and c.now >= unit.awaiting_until:

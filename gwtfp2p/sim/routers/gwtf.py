@@ -122,7 +122,7 @@ class GwtfRouter(Router):
         if flow is None:
             return 0, []
         busy = self.busy[dh]
-        complete = [o for o in flow.out_hops() if o.confirmed and o.complete and self.believes_alive(dh, o.next)]
+        complete = [o for o in flow.out_hops(complete_only=True) if self.believes_alive(dh, o.next)]
         free = [o for o in complete if o.edge_id not in busy]
         return len(complete), free
 
@@ -160,8 +160,8 @@ class GwtfRouter(Router):
         flow = self.flows.get(node_id)
         best, best_key = None, None
         if flow is not None:
-            for out in flow.out_hops():
-                if not out.confirmed or out.sink != m.dh or out.next == exclude:
+            for out in flow.out_hops(sink=m.dh):
+                if not out.confirmed or out.next == exclude:
                     continue
                 if not self.believes_alive(node_id, out.next):
                     continue
