@@ -117,6 +117,10 @@ def join(
     torch_threads: int = typer.Option(1, help="torch threads of the compute thread (0: torch's default)"),
     grace_s: float = typer.Option(10.0, help="seconds to finish in-flight work when leaving"),
     bandwidth: float = typer.Option(1e9, help="bytes/s assumed for links until a transfer is measured"),
+    checkpoint_dir: str = typer.Option("", "--checkpoint-dir",
+                                       help="keep a local checkpoint of this relay's stage here (restored when "
+                                            "joining a stage that has no live replica)"),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="steps between local checkpoints"),
     as_json: bool = typer.Option(False, "--json", help="print every event as a JSON line"),
     log_level: str = typer.Option("WARNING", help="log level of the daemon (stderr)"),
 ) -> None:
@@ -132,7 +136,8 @@ def join(
                             location_scale=link_scale, tick_s=tick_s, heartbeat_s=heartbeat_s, shard=index,
                             n_shards=count, max_iterations=max_iterations, min_nodes=min_nodes,
                             torch_threads=torch_threads,
-                            grace_s=grace_s, default_bandwidth_bytes_per_s=bandwidth)
+                            grace_s=grace_s, default_bandwidth_bytes_per_s=bandwidth,
+                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     except ConfigError as e:
         print(f"gwtf join: {e}", file=sys.stderr)
         raise typer.Exit(EXIT_CONFIG) from None

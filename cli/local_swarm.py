@@ -37,7 +37,8 @@ def _die_with_parent() -> None:
 class Daemon:
     """One ``gwtf join --json`` process and the events it printed."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path, cwd: Path | None = None) -> None:
+    def __init__(self, name: str, args: list[str], log_dir: Path, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.args = args
         self.stderr_path = log_dir / f"{name}.stderr"
@@ -45,6 +46,7 @@ class Daemon:
         with open(self.stderr_path, "wb") as stderr:
             self.popen = subprocess.Popen([sys.executable, "-m", "gwtf_cli.join_cmd", "--json", *args],
                                           cwd=cwd, stdout=subprocess.PIPE, stderr=stderr,
+                                          env={**os.environ, **env} if env else None,
                                           start_new_session=True, preexec_fn=_die_with_parent)
         self.events: list[Event] = []
         self._changed = threading.Condition()
@@ -147,9 +149,9 @@ class Swarm:
         self.cwd = cwd
         self.daemons: list[Daemon] = []
 
-    def spawn(self, name: str, *args: str) -> Daemon:
-        """Start a daemon without waiting for it (``Daemon.wait_ready`` does)."""
-        daemon = Daemon(name, [*self.common, *args], self.log_dir, self.cwd)
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Daemon:
+        """Start a daemon without waiting for it (``Daemon.wait_ready`` does); ``env`` adds variables."""
+        daemon = Daemon(name, [*self.common, *args], self.log_dir, self.cwd, env)
         self.daemons.append(daemon)
         return daemon
 
@@ -162,8 +164,8 @@ class Swarm:
     def start_data_holder(self, name: str = "dh0", *args: str) -> Daemon:
         return self.start(name, "--role", "data", *self.bootstrap_args(), *args)
 
-    def spawn_relay(self, name: str, stage: str, *args: str) -> Daemon:
-        return self.spawn(name, "--stage", stage, *self.bootstrap_args(), *args)
+    def spawn_relay(self, name: str, stage: str, *args: str, env: dict[str, str] | None = None) -> Daemon:
+        return self.spawn(name, "--stage", stage, *self.bootstrap_args(), *args, env=env)
 
     def start_relay(self, name: str, stage: str, *args: str) -> Daemon:
         return self.spawn_relay(name, stage, *args).wait_ready(READY_TIMEOUT_S)

@@ -146,7 +146,9 @@ class NodeConfig:
     microbatches per iteration a relay can hold (0: the default of 16). ``shard``/``n_shards``
     name a data holder's slice of the data. ``run_spec_path`` is read by the first data holder
     of a run (empty: the embedded demo spec). A data holder starts its first iteration once the
-    run has ``min_nodes`` online nodes (itself included). Times are seconds.
+    run has ``min_nodes`` online nodes (itself included). ``checkpoint_dir`` (empty: none) holds
+    this node's local checkpoint of its stage, written every ``checkpoint_every`` steps and restored
+    when it joins a stage that has no live replica. Times are seconds.
     """
 
     role: str = "relay"
@@ -171,6 +173,8 @@ class NodeConfig:
     grace_s: float = 10.0
     default_bandwidth_bytes_per_s: float = 1e9
     startup_timeout_s: float = 60.0
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 10
 
     def __post_init__(self) -> None:
         require(self.role in NODE_ROLES, "--role", f"must be one of {', '.join(NODE_ROLES)}, got {self.role!r}")
@@ -210,6 +214,10 @@ class NodeConfig:
         require(self.grace_s >= 0, "--grace-s", "must be >= 0")
         require_positive(self.default_bandwidth_bytes_per_s, "--bandwidth")
         require_positive(self.startup_timeout_s, "--startup-timeout-s")
+        require(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1, "--checkpoint-every",
+                f"must be an integer >= 1 (steps between checkpoints), got {self.checkpoint_every!r}")
+        require(not self.checkpoint_dir or "\0" not in self.checkpoint_dir, "--checkpoint-dir",
+                "give a directory path (it is created if missing)")
 
     @property
     def is_data_holder(self) -> bool:

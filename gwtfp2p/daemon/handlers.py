@@ -2,8 +2,9 @@
 
 Forward/backward transfers go to the data plane (a relay's ``RelayDataPath`` or a data holder's
 ``DataHolder``), aggregation contributions (forward RPCs tagged ``kind=grad``) to the
-``Aggregator``, flow messages to the ``FlowDriver`` and control messages to their owners; a state
-download is served between aggregation steps. Until the node is up, transfers are refused.
+``Aggregator``, flow messages to the ``FlowDriver``, control messages to their owners and
+data-plane recovery messages (``recovery_wire``) to the data path; a state download is served
+between aggregation steps. Until the node is up, transfers are refused.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gwtfp2p.daemon import testpoints
 from gwtfp2p.daemon.aggregation import GRAD_KIND
 from gwtfp2p.daemon.control import Closed, ControlError, Member, MemberAnswer, decode_payload, encode_control
+from gwtfp2p.daemon.recovery_wire import RecoveryWireError, decode_recovery, is_recovery
 from gwtfp2p.transport import Ack, StateBlob, TransferMeta, TransportError
 
 if TYPE_CHECKING:
@@ -44,6 +47,9 @@ class NodeHandlers:
         return await self.node.data.on_backward(sender, meta, tensor)
 
     async def on_flow_message(self, sender: str, payload: bytes) -> None:
+        if is_recovery(payload):
+            self._on_recovery(sender, payload)
+            return
         try:
             decoded = decode_payload(payload)
         except ControlError as e:
@@ -62,6 +68,16 @@ class NodeHandlers:
                 node.joiner.on_answer(sender, decoded)
         elif isinstance(decoded, Closed):
             await node.on_closed(decoded)
+
+    def _on_recovery(self, sender: str, payload: bytes) -> None:
+        try:
+            message = decode_recovery(payload)
+        except RecoveryWireError as e:
+            logger.debug("bad recovery message from %s: %s", sender, e)
+            return
+        node = self.node
+        if node.data is not None:
+            node.background.spawn(node.data.on_recovery(sender, message), f"recovery message from {sender}")
 
     async def _on_member(self, sender: str, member: Member) -> None:
         node = self.node
@@ -89,6 +105,7 @@ class NodeHandlers:
         node = self.node
         if stage != node.stage or node.part is None or node.aggregator is None:
             return None
+        await testpoints.delay("serve_state", node.events)  # tests only ($GWTF_DELAY_AT)
         if not await node.gate.wait_idle(STATE_WAIT_S):
             return None
         iteration, data = await node.compute.run(node.aggregator.state)

@@ -4,17 +4,24 @@ A node whose part (stage, or the data holders' head+tail) has replicas past iter
 the state of the most advanced one (size and sha256 checked by the transport, the state hash by
 the model) and takes part in aggregation from that state's iteration. It tells every same-part
 peer (``Member``); one that already aggregated that iteration answers *stale*, and the node
-downloads again. Otherwise (a fresh run) it keeps the seeded initial weights: iteration 0.
+downloads again. A fresh run keeps the seeded initial weights (iteration 0). A stage with no live
+replica in a running swarm is restored from this node's local checkpoint (``--checkpoint-dir``,
+hash verified) or, failing that, restarts from its initial weights; either way it enters at the
+swarm's current iteration (the data holders'), so the swarm goes on: that stage lost the steps
+since its checkpoint (docs/churn.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from gwtfp2p.config import ConfigError
+from gwtfp2p.daemon import checkpoint
 from gwtfp2p.daemon.compute import ComputeThread
 from gwtfp2p.daemon.control import Member, MemberAnswer, encode_control
+from gwtfp2p.daemon.events import Events
 from gwtfp2p.daemon.membership import SwarmView
 from gwtfp2p.model.state import StateError
 from gwtfp2p.model.trainable import Trainable
@@ -34,14 +41,21 @@ class Joiner:
     """State download and the membership handshake of one node."""
 
     def __init__(self, self_id: str, stage: int, part: Trainable, view: SwarmView, transport: Transport,
-                 compute: ComputeThread) -> None:
+                 compute: ComputeThread, events: Events | None = None, checkpoint_dir: str = "") -> None:
         self.self_id = self_id
         self.stage = stage
         self.part = part
         self.view = view
         self.transport = transport
         self.compute = compute
+        self.events = events or Events()
+        self.checkpoint_dir = checkpoint_dir
         self._answers: dict[str, asyncio.Future[MemberAnswer]] = {}
+        # What the join loaded (the ``ready`` event reports it): initial | replica | checkpoint
+        self.source = "initial"
+        self.state_bytes = 0
+        self.download_s = 0.0
+        self.state_iteration = 0  # steps in the loaded state (a checkpoint's may lag the swarm)
 
     def on_answer(self, sender: str, answer: MemberAnswer) -> None:
         future = self._answers.get(sender)
@@ -63,19 +77,52 @@ class Joiner:
     async def _load(self, force: bool) -> int:
         sources = sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
                          key=lambda r: (-r.iteration, r.peer_id))
-        if not sources or (sources[0].iteration == 0 and not force):
+        if not sources:
+            swarm_iteration = self.swarm_iteration()
+            return await self._restore(swarm_iteration) if swarm_iteration > 0 else 0
+        if sources[0].iteration == 0 and not force:
             return 0
         for source in sources:
+            self.events.emit("downloading", source=source.peer_id, stage=self.stage, iteration=source.iteration)
+            started = time.monotonic()
             try:
                 fetched = await self.transport.fetch_state(source.peer_id, self.stage, timeout_s=FETCH_TIMEOUT_S)
                 digest = await self.compute.run(self.part.load_state_bytes, fetched.data)
             except (TransportError, StateError, ValueError) as e:
                 logger.warning("state download from %s failed: %s", source.peer_id, e)
                 continue
-            logger.info("loaded stage %d state of iteration %d from %s (hash %s)", self.stage,
-                        fetched.iteration, source.peer_id, digest)
+            self.source, self.state_bytes = "replica", len(fetched.data)
+            self.download_s, self.state_iteration = time.monotonic() - started, fetched.iteration
+            logger.info("loaded stage %d state of iteration %d from %s (hash %s, %d bytes in %.2f s)", self.stage,
+                        fetched.iteration, source.peer_id, digest, self.state_bytes, self.download_s)
             return fetched.iteration
         raise JoinError(f"--stage: no replica of stage {self.stage} served its state")
+
+    def swarm_iteration(self) -> int:
+        """The running swarm's iteration: its live data holders' (else any live node's), 0 if none."""
+        holders = [r.iteration for r in self.view.by_stage(0) if r.state == "online"]
+        return max(holders or [r.iteration for r in self.view.records.values()] or [0])
+
+    async def _restore(self, swarm_iteration: int) -> int:
+        """No live replica of our stage in a swarm at ``swarm_iteration``: our checkpoint, else initial weights."""
+        saved = None
+        if self.checkpoint_dir:
+            try:
+                saved = checkpoint.read(self.checkpoint_dir, self.view.run_id, self.stage)
+                if saved is not None:
+                    await self.compute.run(self.part.load_state_bytes, saved.data, saved.state_hash)
+            except (checkpoint.CheckpointError, StateError, ValueError) as e:
+                logger.error("checkpoint of stage %d not usable: %s", self.stage, e)
+                saved = None
+        if saved is None:
+            logger.warning("stage %d had no live replica and no checkpoint here: it restarts from its initial "
+                           "weights at iteration %d", self.stage, swarm_iteration)
+            return swarm_iteration
+        self.source, self.state_bytes, self.state_iteration = "checkpoint", len(saved.data), saved.iteration
+        logger.warning("stage %d had no live replica: restored the local checkpoint of iteration %d (hash %s), "
+                       "%d step(s) behind the swarm's iteration %d", self.stage, saved.iteration,
+                       saved.state_hash, max(0, swarm_iteration - saved.iteration), swarm_iteration)
+        return max(swarm_iteration, saved.iteration)
 
     async def _handshake(self, from_iteration: int) -> bool:
         """Tell same-part peers our membership; False if one already aggregated ``from_iteration``."""

@@ -2,8 +2,9 @@
 
 Pure bookkeeping, no I/O. A member takes part in the aggregation of iterations
 ``from_iteration .. until_iteration`` (open-ended until it announces its last one). The
-contributions of iteration t are expected from ``expected(t)``; a member that crashed is
-``remove``d (the next issue retries the reduction without it).
+contributions of iteration t are expected from ``expected(t)``. A member seen dead is dropped and
+remembered: lists of members pushed by others (``learn``) do not bring it back, only its own
+membership announcement (``add``) does.
 """
 
 from __future__ import annotations
@@ -27,12 +28,26 @@ class MemberTable:
     def __init__(self, self_id: str, from_iteration: int) -> None:
         self.self_id = self_id
         self._members: dict[str, Membership] = {self_id: Membership(from_iteration)}
+        self.dead: set[str] = set()
 
     def add(self, peer: str, from_iteration: int, until_iteration: int | None = None) -> bool:
-        """Record (or update) a member; True if it was not known before."""
+        """Record (or update) a member from its own announcement; True if it was not known before."""
         known = self._members.get(peer)
         self._members[peer] = Membership(from_iteration, until_iteration)
+        self.dead.discard(peer)
         return known is None
+
+    def learn(self, peer: str, from_iteration: int) -> bool:
+        """A member named by another member's list; True if added (unknown and not seen dead)."""
+        if peer in self._members or peer in self.dead:
+            return False
+        self._members[peer] = Membership(from_iteration)
+        return True
+
+    def mark_dead(self, peer: str) -> None:
+        if peer != self.self_id:
+            self._members.pop(peer, None)
+            self.dead.add(peer)
 
     def set_until(self, peer: str, until_iteration: int) -> None:
         member = self._members.get(peer)

@@ -16,7 +16,9 @@ import time
 from typing import TYPE_CHECKING
 
 from gwtfp2p.config import FlowParams, NodeConfig, RunSpec
+from gwtfp2p.daemon import testpoints
 from gwtfp2p.daemon.aggregation import Aggregator
+from gwtfp2p.daemon.checkpoint import CheckpointWriter
 from gwtfp2p.daemon.compute import ComputeThread
 from gwtfp2p.daemon.control import Closed, encode_control
 from gwtfp2p.daemon.data_holder import DataHolder
@@ -38,6 +40,7 @@ from gwtfp2p.daemon.sending import Sender
 from gwtfp2p.daemon.spec_source import resolve_run_spec
 from gwtfp2p.daemon.swarm_instance import spec_activation_bytes
 from gwtfp2p.daemon.tasks import Background
+from gwtfp2p.daemon.watch import SwarmWatch
 from gwtfp2p.dht import DHTError, SwarmDHT, run_id_of
 from gwtfp2p.flow.node import FlowNode
 from gwtfp2p.transport import LinkEmulator, Transport, TransportError
@@ -81,6 +84,9 @@ class Node:
         self.loss: float | None = None
         self.tokens_per_s = 0.0
         self.loops_stop = asyncio.Event()
+        self.watch = SwarmWatch(self)
+        self.checkpoints: CheckpointWriter | None = None
+        self.ready_at = 0.0
 
     @property
     def peer_id(self) -> str:
@@ -90,6 +96,7 @@ class Node:
     async def start(self) -> None:
         c = self.config
         link = LinkEmulator(c.location, c.location_scale) if c.location else None  # checks --location first
+        testpoints.install_crash_rearm()  # tests and the chaos harness only ($GWTF_CRASH_FILE)
         self.dht = await SwarmDHT.create(initial_peers=c.initial_peers, host_maddrs=c.host_maddrs,
                                          announce_maddrs=c.announce_maddrs, identity_path=c.identity_path or None,
                                          startup_timeout_s=c.startup_timeout_s)
@@ -117,16 +124,22 @@ class Node:
         await self._join_part()
         self._phase("join")
         self._build_components(sampler)
+        self.ready_at = time.time()
+        joined = self.joiner
+        assert joined is not None
         self.events.emit("ready", peer_id=self.peer_id, maddrs=self.maddrs, role=c.role, stage=self.stage,
                          stage_reason=reason, run_id=self.run_id, shard=c.shard, n_shards=c.n_shards,
-                         from_iteration=self.gate.iteration, location=c.location, pid_started_at=self.started_at)
+                         from_iteration=self.gate.iteration, location=c.location, pid_started_at=self.started_at,
+                         state_source=joined.source, state_bytes=joined.state_bytes,
+                         download_s=round(joined.download_s, 4), state_iteration=joined.state_iteration)
 
     def _phase(self, name: str) -> None:
         logger.info("startup: %s done after %.2f s", name, time.time() - self.started_at)
 
     async def _join_part(self) -> None:
         assert self.view is not None and self.transport is not None
-        self.joiner = Joiner(self.peer_id, self.stage, self.part, self.view, self.transport, self.compute)
+        self.joiner = Joiner(self.peer_id, self.stage, self.part, self.view, self.transport, self.compute,
+                             self.events, self.config.checkpoint_dir)
         from_iteration = await self.joiner.join()
         self.gate = IterationGate(from_iteration)
         self.members = MemberTable(self.peer_id, from_iteration)
@@ -135,8 +148,11 @@ class Node:
         c, spec = self.config, self.spec
         assert spec is not None and self.transport is not None and self.view is not None
         assert self.sender is not None and self.members is not None
-        self.aggregator = Aggregator(self.peer_id, self.stage, self.members, self.part, self.compute, self.sender)
+        self.aggregator = Aggregator(self.peer_id, self.stage, self.members, self.part, self.compute, self.sender,
+                                     events=self.events)
         self.aggregator.online_peers = self._online_same_stage
+        self.aggregator.listed = lambda peer: peer in self.view.records
+        self.checkpoints = CheckpointWriter(c.checkpoint_dir, self.run_id, self.stage, c.checkpoint_every)
         params = FlowParams(tick_s=c.tick_s)
         capacity = 0 if c.is_data_holder else c.relay_capacity
         flow = FlowNode(self.peer_id, self.stage, spec.n_stages, capacity=capacity,
@@ -154,6 +170,9 @@ class Node:
         else:
             self.data = RelayDataPath(self.peer_id, self.stage, spec.n_stages, self.part, self.compute, self.sender,
                                       self.routing, self.gate)
+        self.data.attach(self.peers, self.events)  # crash recovery: liveness, probes, resends
+        self.peers.on_dead.append(lambda peer: self.aggregator.peer_dead(peer, "liveness probe"))
+        self.aggregator.probe = self.peers.alive  # one failure detector for the node
 
     def _online_same_stage(self) -> list[str]:
         assert self.view is not None
@@ -185,11 +204,13 @@ class Node:
         bg.spawn(self.routing.run(loops_stop), "flow ticks")
         bg.spawn(self.peers.probe_loop(loops_stop), "rtt probes")
         bg.spawn(self._progress_loop(loops_stop), "progress")
+        bg.spawn(self.watch.run(loops_stop), "stage watch")
         abort = asyncio.Event()
         if isinstance(self.data, DataHolder):
             work = bg.spawn(self.data.run(stop, abort, self.config.max_iterations), "iterations")
         else:
             work = bg.spawn(self._relay_steps(abort), "aggregation steps")
+            bg.spawn(self.watch.first_useful(loops_stop, self.ready_at), "first useful microbatch")
         await stop.wait()
         await leave(self, work, abort)
         loops_stop.set()
@@ -209,7 +230,25 @@ class Node:
             self.state_hash = outcome.step.state_hash
             self.events.emit("step", stage=self.stage, iteration=t, hash=outcome.step.state_hash,
                              count=outcome.step.count, members=list(outcome.members),
-                             own_count=self.data.backwards)
+                             own_count=self.data.backwards, agreement=outcome.how, dropped=list(outcome.dropped),
+                             seconds=round(outcome.seconds, 4))
+            await self._checkpoint(t + 1)
+
+    async def _checkpoint(self, steps: int) -> None:
+        """Write the stage's state after ``steps`` steps to --checkpoint-dir if due (in a thread)."""
+        writer = self.checkpoints
+        if writer is None or self.aggregator is None or not writer.due(steps):
+            return
+        iteration, data = await self.compute.run(self.aggregator.state)
+        state_hash = self.state_hash
+
+        async def save() -> None:
+            started = time.monotonic()
+            path = await asyncio.to_thread(writer.save, iteration, state_hash, data)
+            self.events.emit("checkpoint", stage=self.stage, iteration=iteration, hash=state_hash, bytes=len(data),
+                             seconds=round(time.monotonic() - started, 4), path=str(path))
+
+        self.background.spawn(save(), f"checkpoint {iteration}")
 
     def _closed_elsewhere(self, t: int) -> bool:
         """Iteration t is closed if a same-stage replica already sent its contribution for it, or
