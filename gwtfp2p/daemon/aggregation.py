@@ -67,6 +67,7 @@ class Round:
     pushed: dict[str, frozenset[str]] = field(default_factory=dict)  # peer -> expected list our push carried
     delivered: int = 0
     heard: bool = False
+    held: bool = False  # online same-part peers have not announced their membership: no decision yet
 
     def get(self, peer: str) -> Received | None:
         return self.own if peer == self.agreement.me else self.received.get(peer)
@@ -141,7 +142,7 @@ class Aggregator:
             return Ack(duplicate=True)
         rnd.heard = True
         self._on_message(sender, rnd, message, tensor)
-        if rnd.own is not None:
+        if rnd.own is not None and not rnd.held:  # while held, ``_settle`` drives once they are known
             self._drive(rnd)
         self._wake()
         return Ack()
@@ -326,6 +327,7 @@ class Aggregator:
             if unannounced and loop.time() - began > UNANNOUNCED_S:
                 self.ignored.update(unannounced)
                 unannounced = []
+            rnd.held = bool(unannounced)
             if not unannounced:
                 self._drive(rnd)
             if a.decision is not None:
