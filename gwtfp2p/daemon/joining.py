@@ -56,6 +56,7 @@ class Joiner:
         self.state_bytes = 0
         self.download_s = 0.0
         self.state_iteration = 0  # steps in the loaded state (a checkpoint's may lag the swarm)
+        self.accepted: list[str] = []  # same-part peers that took us as a member (they aggregate with us)
 
     def on_answer(self, sender: str, answer: MemberAnswer) -> None:
         future = self._answers.get(sender)
@@ -139,6 +140,7 @@ class Joiner:
         waiting = [f for f in self._answers.values() if not f.cancelled()]
         if waiting:
             await asyncio.wait(waiting, timeout=ANSWER_TIMEOUT_S)
-        stale = [p for p, f in self._answers.items() if f.done() and not f.cancelled() and not f.result().accepted]
+        answered = {p: f.result().accepted for p, f in self._answers.items() if f.done() and not f.cancelled()}
         self._answers = {}
-        return not stale
+        self.accepted = sorted(p for p, accepted in answered.items() if accepted)
+        return all(answered.values())

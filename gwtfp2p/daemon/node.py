@@ -143,6 +143,8 @@ class Node:
         from_iteration = await self.joiner.join()
         self.gate = IterationGate(from_iteration)
         self.members = MemberTable(self.peer_id, from_iteration)
+        for peer in self.joiner.accepted:  # they took us from from_iteration: expect them, whatever the DHT says
+            self.members.add(peer, from_iteration)
 
     def _build_components(self, sampler: MicrobatchSampler | None) -> None:
         c, spec = self.config, self.spec
