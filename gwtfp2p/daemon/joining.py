@@ -68,14 +68,17 @@ class Joiner:
         force = False
         for _ in range(ATTEMPTS):
             from_iteration = await self._load(force)
-            if await self._handshake(from_iteration):
+            if from_iteration is not None and await self._handshake(from_iteration):
                 return from_iteration
-            logger.info("stage %d moved on while joining; downloading its state again", self.stage)
+            if from_iteration is not None:
+                logger.info("stage %d moved on while joining; downloading its state again", self.stage)
             force = True
             await self.view.refresh()
-        raise JoinError(f"--stage: could not catch up with stage {self.stage}'s replicas after {ATTEMPTS} tries")
+        raise JoinError(f"--stage: could not catch up with stage {self.stage}'s replicas after {ATTEMPTS} tries "
+                        "(each download failed, or the stage stepped before it was loaded)")
 
-    async def _load(self, force: bool) -> int:
+    async def _load(self, force: bool) -> int | None:
+        """The loaded state's iteration; None if no replica served it this time (busy, gone: try again)."""
         sources = sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
                          key=lambda r: (-r.iteration, r.peer_id))
         if not sources:
@@ -97,7 +100,8 @@ class Joiner:
             logger.info("loaded stage %d state of iteration %d from %s (hash %s, %d bytes in %.2f s)", self.stage,
                         fetched.iteration, source.peer_id, digest, self.state_bytes, self.download_s)
             return fetched.iteration
-        raise JoinError(f"--stage: no replica of stage {self.stage} served its state")
+        logger.warning("no replica of stage %d served its state this time", self.stage)
+        return None
 
     def swarm_iteration(self) -> int:
         """The running swarm's iteration: its live data holders' (else any live node's), 0 if none."""
