@@ -1,7 +1,7 @@
 """Benchmark: seeded chaos runs of a local swarm: relays SIGKILLed while it trains, replacements join.
 
-Each run (``gwtf_cli.chaos_run``) starts a fresh swarm of real ``gwtf join`` daemons (default: 2
-data holders + 2 stages × 3 relays = 8 processes, GPT-2 tiny, geo10 link emulation), trains a fixed
+Each run (``gwtf_cli.chaos_run``) starts a fresh swarm of real ``gwtf join`` daemons (default: a
+data holder + 2 stages × 4 relays = 9 processes, GPT-2 tiny, geo10 link emulation), trains a fixed
 number of iterations while a seeded ``ChaosDriver`` crashes relays (random moments and crash
 points mid-forward, mid-backward, mid-aggregation) and starts replacements (``--stage auto``), all
 within a hard time limit. Per run it checks: no microbatch of a live data holder lost (each loss
@@ -102,8 +102,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--rate", type=float, default=0.34, help="crashes per iteration")
     parser.add_argument("--stages", type=int, default=2)
-    parser.add_argument("--relays-per-stage", type=int, default=3)
-    parser.add_argument("--data-holders", type=int, default=2)
+    parser.add_argument("--relays-per-stage", type=int, default=4)
+    parser.add_argument("--data-holders", type=int, default=1)
     parser.add_argument("--link-scale", type=float, default=1.0, help="geo10 link emulation scale (0: plain loopback)")
     parser.add_argument("--limit-s", type=float, default=300.0, help="hard time limit of one run")
     parser.add_argument("--json", default="", help="write every run's result and the summary to this file")
