@@ -121,6 +121,8 @@ def join(
                                        help="keep a local checkpoint of this relay's stage here (restored when "
                                             "joining a stage that has no live replica)"),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="steps between local checkpoints"),
+    replay_steps: int = typer.Option(4, "--replay-steps",
+                                     help="last steps kept (one mean gradient each, in RAM) for joiners to replay"),
     as_json: bool = typer.Option(False, "--json", help="print every event as a JSON line"),
     log_level: str = typer.Option("WARNING", help="log level of the daemon (stderr)"),
 ) -> None:
@@ -137,7 +139,8 @@ def join(
                             n_shards=count, max_iterations=max_iterations, min_nodes=min_nodes,
                             torch_threads=torch_threads,
                             grace_s=grace_s, default_bandwidth_bytes_per_s=bandwidth,
-                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+                            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                            replay_steps=replay_steps)
     except ConfigError as e:
         print(f"gwtf join: {e}", file=sys.stderr)
         raise typer.Exit(EXIT_CONFIG) from None

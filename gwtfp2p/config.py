@@ -148,7 +148,8 @@ class NodeConfig:
     of a run (empty: the embedded demo spec). A data holder starts its first iteration once the
     run has ``min_nodes`` online nodes (itself included). ``checkpoint_dir`` (empty: none) holds
     this node's local checkpoint of its stage, written every ``checkpoint_every`` steps and restored
-    when it joins a stage that has no live replica. Times are seconds.
+    when it joins a stage that has no live replica. ``replay_steps`` last steps (mean gradients) are
+    kept for joiners whose downloaded state fell behind. Times are seconds.
     """
 
     role: str = "relay"
@@ -175,6 +176,7 @@ class NodeConfig:
     startup_timeout_s: float = 60.0
     checkpoint_dir: str = ""
     checkpoint_every: int = 10
+    replay_steps: int = 4
 
     def __post_init__(self) -> None:
         require(self.role in NODE_ROLES, "--role", f"must be one of {', '.join(NODE_ROLES)}, got {self.role!r}")
@@ -216,6 +218,8 @@ class NodeConfig:
         require_positive(self.startup_timeout_s, "--startup-timeout-s")
         require(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1, "--checkpoint-every",
                 f"must be an integer >= 1 (steps between checkpoints), got {self.checkpoint_every!r}")
+        require(isinstance(self.replay_steps, int) and self.replay_steps >= 0, "--replay-steps",
+                f"must be an integer >= 0 (steps kept for joiners to replay; 0: none), got {self.replay_steps!r}")
         require(not self.checkpoint_dir or "\0" not in self.checkpoint_dir, "--checkpoint-dir",
                 "give a directory path (it is created if missing)")
 

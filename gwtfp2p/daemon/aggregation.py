@@ -30,13 +30,15 @@ from gwtfp2p.daemon.compute import ComputeThread
 from gwtfp2p.daemon.events import Events
 from gwtfp2p.daemon.members import MemberTable
 from gwtfp2p.daemon.sending import Sender
+from gwtfp2p.daemon.steplog import StepLog, encode_steps
 from gwtfp2p.daemon.tasks import Background
-from gwtfp2p.model.aggregate import GradContribution
+from gwtfp2p.model.aggregate import GradContribution, mean_gradient
 from gwtfp2p.model.trainable import StepResult, Trainable
 from gwtfp2p.transport import Ack, PeerUnreachable, TransferMeta, TransportError
 
 __all__ = ["GRAD_KIND", "Aggregator", "Outcome"]
 logger = logging.getLogger(__name__)
+REPLAY_STEPS = 4  # steps kept for joiners (each: one mean gradient of the part, on the CPU)
 PROBE_AFTER_S = 0.5  # a member we wait for longer than this is pinged ...
 PROBE_EVERY_S = 1.0  # ... at most this often
 PING_TIMEOUT_S = 2.0
@@ -87,7 +89,8 @@ class Aggregator:
     """The all-gather, agreement and step of one part (stage ``stage``; 0 for the data holders)."""
 
     def __init__(self, self_id: str, stage: int, members: MemberTable, part: Trainable, compute: ComputeThread,
-                 sender: Sender, timeout_s: float = 60.0, events: Events | None = None) -> None:
+                 sender: Sender, timeout_s: float = 60.0, events: Events | None = None,
+                 replay_steps: int = REPLAY_STEPS) -> None:
         self.self_id = self_id
         self.stage = stage
         self.members = members
@@ -100,6 +103,7 @@ class Aggregator:
         self.active: int | None = None  # iteration being aggregated now
         self.last_hash = ""
         self.state_iteration = members.own.from_iteration  # steps in the part's state (compute thread)
+        self.steps = StepLog(replay_steps)  # for joiners whose download fell behind (compute thread)
         self._rounds: dict[int, Round] = {}
         self._changed = asyncio.Event()
         self.background = Background(f"aggregation of stage {stage}")
@@ -356,12 +360,21 @@ class Aggregator:
     def _apply(self, contributions: list[GradContribution], iteration: int) -> StepResult:
         """On the compute thread: the step, and the state's iteration with it (read by ``state``)."""
         step = self.part.apply_step(contributions)
+        if self.steps.capacity > 0:  # the same reduction again (same bits), kept for joiners to replay
+            mean, count = mean_gradient(contributions, numel=self.part.numel, dtype=self.part.grad_dtype)
+            self.steps.record(iteration, mean, count, step.state_hash)
         self.state_iteration = iteration + 1
         return step
 
     def state(self) -> tuple[int, bytes]:
         """On the compute thread: (iteration, state bytes), consistent with each other."""
         return self.state_iteration, self.part.state_bytes()
+
+    def steps_since(self, iteration: int) -> tuple[int, bytes] | None:
+        """On the compute thread: (our iteration, the encoded steps from ``iteration`` on), or None
+        if they are not all kept any more."""
+        steps = self.steps.since(iteration)
+        return None if steps is None else (self.state_iteration, encode_steps(steps))
 
     async def close(self) -> None:
         await self.background.close()

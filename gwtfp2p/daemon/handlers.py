@@ -3,8 +3,9 @@
 Forward/backward transfers go to the data plane (a relay's ``RelayDataPath`` or a data holder's
 ``DataHolder``), aggregation contributions (forward RPCs tagged ``kind=grad``) to the
 ``Aggregator``, flow messages to the ``FlowDriver``, control messages to their owners and
-data-plane recovery messages (``recovery_wire``) to the data path; a state download is served
-between aggregation steps. Until the node is up, transfers are refused.
+data-plane recovery messages (``recovery_wire``) to the data path; a state download (or the
+replay of the last steps, ``steplog.py``) is served between aggregation steps. Until the node is
+up, transfers are refused.
 """
 
 from __future__ import annotations
@@ -110,3 +111,13 @@ class NodeHandlers:
             return None
         iteration, data = await node.compute.run(node.aggregator.state)
         return StateBlob(stage=stage, iteration=iteration, data=data)
+
+    async def get_steps(self, stage: int, since_iteration: int) -> StateBlob | None:
+        """The steps this replica took since ``since_iteration`` (None: not all kept, or not our part)."""
+        node = self.node
+        if stage != node.stage or node.part is None or node.aggregator is None:
+            return None
+        if not await node.gate.wait_idle(STATE_WAIT_S):
+            return None
+        replay = await node.compute.run(node.aggregator.steps_since, since_iteration)
+        return None if replay is None else StateBlob(stage=stage, iteration=replay[0], data=replay[1])

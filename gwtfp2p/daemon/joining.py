@@ -4,11 +4,13 @@ A node whose part (stage, or the data holders' head+tail) has replicas past iter
 the state of the most advanced one (size and sha256 checked by the transport, the state hash by
 the model) and takes part in aggregation from that state's iteration. It tells every same-part
 peer (``Member``); one that already aggregated that iteration answers *stale*, and the node
-downloads again. A fresh run keeps the seeded initial weights (iteration 0). A stage with no live
-replica in a running swarm is restored from this node's local checkpoint (``--checkpoint-dir``,
-hash verified) or, failing that, restarts from its initial weights; either way it enters at the
-swarm's current iteration (the data holders'), so the swarm goes on: that stage lost the steps
-since its checkpoint (docs/churn.md).
+replays the steps the stage took meanwhile (``steplog.py``: the replicas' mean gradients, each
+step checked against its state hash), or downloads again if they are no longer kept. A fresh
+run keeps the seeded initial weights (iteration 0). A stage with no live replica in a running
+swarm is restored from this node's local checkpoint (``--checkpoint-dir``, hash verified) or,
+failing that, restarts from its initial weights; either way it enters at the swarm's current
+iteration (the data holders'), so the swarm goes on: that stage lost the steps since its
+checkpoint (docs/churn.md).
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import logging
 import time
 
 from gwtfp2p.config import ConfigError
-from gwtfp2p.daemon import checkpoint
+from gwtfp2p.daemon import checkpoint, testpoints
 from gwtfp2p.daemon.compute import ComputeThread
 from gwtfp2p.daemon.control import Member, MemberAnswer, encode_control
 from gwtfp2p.daemon.events import Events
 from gwtfp2p.daemon.membership import SwarmView
+from gwtfp2p.daemon.steplog import LoggedStep, StepLogError, decode_steps
 from gwtfp2p.model.state import StateError
 from gwtfp2p.model.trainable import Trainable
 from gwtfp2p.transport import Transport, TransportError
@@ -56,6 +59,7 @@ class Joiner:
         self.state_bytes = 0
         self.download_s = 0.0
         self.state_iteration = 0  # steps in the loaded state (a checkpoint's may lag the swarm)
+        self.replayed_steps = 0  # steps replayed after the download (the stage stepped meanwhile)
         self.accepted: list[str] = []  # same-part peers that took us as a member (they aggregate with us)
 
     def on_answer(self, sender: str, answer: MemberAnswer) -> None:
@@ -65,17 +69,65 @@ class Joiner:
 
     async def join(self) -> int:
         """Load the part's state as needed; returns the first iteration this node aggregates."""
-        force = False
-        for _ in range(ATTEMPTS):
-            from_iteration = await self._load(force)
+        from_iteration: int | None = None
+        for attempt in range(ATTEMPTS):
+            if from_iteration is None:
+                from_iteration = await self._load(force=attempt > 0)
+            lag = testpoints.take("lag_join") if from_iteration is not None else None  # tests only
+            if lag:
+                await self._wait_stage_past(from_iteration + int(lag))
             if from_iteration is not None and await self._handshake(from_iteration):
                 return from_iteration
-            if from_iteration is not None:
-                logger.info("stage %d moved on while joining; downloading its state again", self.stage)
-            force = True
             await self.view.refresh()
+            if from_iteration is not None:
+                logger.info("stage %d moved on while joining: replaying its steps since %d", self.stage,
+                            from_iteration)
+                from_iteration = await self._catch_up(from_iteration)
         raise JoinError(f"--stage: could not catch up with stage {self.stage}'s replicas after {ATTEMPTS} tries "
                         "(each download failed, or the stage stepped before it was loaded)")
+
+    async def _wait_stage_past(self, iteration: int, timeout_s: float = 60.0) -> None:
+        """Until a replica of our stage records ``iteration`` or more (at most ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            await self.view.refresh()
+            if any(r.iteration >= iteration for r in self.view.by_stage(self.stage) if r.state == "online"):
+                return
+            await asyncio.sleep(0.2)
+
+    async def _catch_up(self, from_iteration: int) -> int | None:
+        """Replay the steps a replica took since ``from_iteration`` (each checked against its state
+        hash); the new iteration, or None if no replica had them all (then: download again)."""
+        sources = sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
+                         key=lambda r: (-r.iteration, r.peer_id))
+        for source in sources:
+            started = time.monotonic()
+            try:
+                fetched = await self.transport.fetch_state(source.peer_id, self.stage, timeout_s=FETCH_TIMEOUT_S,
+                                                           since_iteration=from_iteration)
+                steps = decode_steps(fetched.data, first_iteration=from_iteration, numel=self.part.numel)
+                await self.compute.run(self._replay, steps)
+            except (TransportError, StepLogError) as e:
+                logger.info("no replay of stage %d from %s: %s", self.stage, source.peer_id, e)
+                continue
+            except StateError as e:  # a step did not give its hash: our state is unusable now
+                logger.warning("replay from %s failed: %s; downloading the state again", source.peer_id, e)
+                return None
+            caught_up = from_iteration + len(steps)
+            self.replayed_steps += len(steps)
+            self.events.emit("replayed", source=source.peer_id, stage=self.stage, steps=len(steps),
+                             bytes=len(fetched.data), seconds=round(time.monotonic() - started, 4),
+                             iteration=caught_up)
+            return caught_up
+        return None
+
+    def _replay(self, steps: list[LoggedStep]) -> None:
+        """On the compute thread: apply each step as the replicas did, checking the hash after it."""
+        for step in steps:
+            result = self.part.apply_mean(step.mean_grad, step.count)
+            if result.state_hash != step.state_hash:
+                raise StateError(f"iteration {step.iteration}: replayed state hash {result.state_hash} "
+                                 f"!= the replica's {step.state_hash}")
 
     async def _load(self, force: bool) -> int | None:
         """The loaded state's iteration; None if no replica served it this time (busy, gone: try again)."""

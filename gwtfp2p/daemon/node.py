@@ -131,7 +131,8 @@ class Node:
                          stage_reason=reason, run_id=self.run_id, shard=c.shard, n_shards=c.n_shards,
                          from_iteration=self.gate.iteration, location=c.location, pid_started_at=self.started_at,
                          state_source=joined.source, state_bytes=joined.state_bytes,
-                         download_s=round(joined.download_s, 4), state_iteration=joined.state_iteration)
+                         download_s=round(joined.download_s, 4), state_iteration=joined.state_iteration,
+                         replayed_steps=joined.replayed_steps)
 
     def _phase(self, name: str) -> None:
         logger.info("startup: %s done after %.2f s", name, time.time() - self.started_at)
@@ -151,7 +152,7 @@ class Node:
         assert spec is not None and self.transport is not None and self.view is not None
         assert self.sender is not None and self.members is not None
         self.aggregator = Aggregator(self.peer_id, self.stage, self.members, self.part, self.compute, self.sender,
-                                     events=self.events)
+                                     events=self.events, replay_steps=c.replay_steps)
         self.aggregator.online_peers = self._online_same_stage
         self.aggregator.listed = lambda peer: peer in self.view.records
         self.checkpoints = CheckpointWriter(c.checkpoint_dir, self.run_id, self.stage, c.checkpoint_every)

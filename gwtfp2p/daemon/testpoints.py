@@ -2,9 +2,11 @@
 
 Off by default; no CLI flag arms either. ``$GWTF_DELAY_AT=POINT:SECONDS`` delays the first hit of
 ``POINT`` (after a ``delay`` event): ``serve_state`` (a replica about to serve its state to a
-joining node; tests kill the joiner meanwhile). ``$GWTF_CRASH_FILE=PATH``: on SIGUSR1 the daemon
-reads ``POINT:STAGE:ITERATION`` from PATH and arms that crash point (``crashpoints.ARMED``); the
-chaos harness (``gwtf demo --churn``) picks its victims and their moments this way.
+joining node; tests kill the joiner meanwhile); ``lag_join:N`` holds a joiner's first handshake
+until its stage is N steps past the state it loaded (tests of the step replay).
+``$GWTF_CRASH_FILE=PATH``: on SIGUSR1 the daemon reads ``POINT:STAGE:ITERATION`` from PATH and
+arms that crash point (``crashpoints.ARMED``); the chaos harness (``gwtf demo --churn``) picks
+its victims and their moments this way.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from gwtfp2p.daemon.events import Events
 logger = logging.getLogger(__name__)
 DELAY_ENV = "GWTF_DELAY_AT"
 CRASH_FILE_ENV = "GWTF_CRASH_FILE"
-DELAY_POINTS = ("serve_state",)
+DELAY_POINTS = ("serve_state", "lag_join")
 
 
 def parse_delay(text: str) -> tuple[str, float] | None:
@@ -50,6 +52,16 @@ async def delay(point: str, events: Events | None) -> None:
     if events is not None:
         events.emit("delay", point=point, seconds=seconds)
     await asyncio.sleep(seconds)
+
+
+def take(point: str) -> float | None:
+    """The value ``$GWTF_DELAY_AT`` gives this point, once (None otherwise): for waits counted in
+    something other than seconds (``lag_join``: iterations, see ``joining.py``)."""
+    global _DELAY
+    if _DELAY is None or _DELAY[0] != point:
+        return None
+    value, _DELAY = _DELAY[1], None
+    return value
 
 
 def arm_crash_from(path: str) -> None:

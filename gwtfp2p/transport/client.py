@@ -172,8 +172,8 @@ class TransportClient:
 
     # ----- state download -----
 
-    async def _fetch_state(self, peer_id: str, stage: int, max_bytes: int) -> FetchedState:
-        request = FetchRequest(stage=stage).model_dump_json().encode()
+    async def _fetch_state(self, peer_id: str, stage: int, max_bytes: int, since: int | None) -> FetchedState:
+        request = FetchRequest(stage=stage, since_iteration=since).model_dump_json().encode()
         async with self._bulk_stream(peer_id, "bulk_fetch_state") as (reader, writer):
             await self._delay(peer_id, len(request))
             writer.write(frame(request))
@@ -198,9 +198,10 @@ class TransportClient:
             raise ProtocolError(f"state from {peer_id} fails its sha256 check", peer_id)
         return FetchedState(stage=header.stage, iteration=header.iteration, data=blob, sha256=digest)
 
-    async def fetch_state(self, peer_id: str, stage: int, *, timeout_s: float,
-                          max_bytes: int | None = None) -> FetchedState:
-        """Download a stage's weights + optimizer state from a replica; size and sha256 are checked."""
+    async def fetch_state(self, peer_id: str, stage: int, *, timeout_s: float, max_bytes: int | None = None,
+                          since_iteration: int | None = None) -> FetchedState:
+        """Download a stage's weights + optimizer state from a replica (with ``since_iteration``: the
+        steps it took since that iteration instead, for replay); size and sha256 are checked."""
         limit = self.limits.max_state_bytes if max_bytes is None else max_bytes
         return await self._deadline("fetch_state", peer_id, timeout_s,
-                                    lambda: self._fetch_state(peer_id, stage, limit))
+                                    lambda: self._fetch_state(peer_id, stage, limit, since_iteration))

@@ -103,6 +103,7 @@ class FetchRequest(BaseModel):
 
     version: Literal[1] = WIRE_VERSION
     stage: Stage
+    since_iteration: Annotated[int, Field(ge=0)] | None = None  # the steps since then, not the state
 
 
 class Reply(BaseModel):

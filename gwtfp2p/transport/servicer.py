@@ -59,6 +59,10 @@ class TransportHandlers(Protocol):
 
     async def get_state(self, stage: int) -> StateBlob | None: ...
 
+    async def get_steps(self, stage: int, since_iteration: int) -> StateBlob | None:
+        """The part's steps since ``since_iteration`` (for a joiner that fell behind), as opaque bytes."""
+        ...
+
 
 class _Failed(Exception):
     def __init__(self, kind: RemoteErrorKind, message: str):
@@ -182,7 +186,10 @@ class TransportServicer(ServicerBase):
     async def _state_header(self, sender: str, reader: asyncio.StreamReader) -> tuple[Reply, memoryview]:
         raw = await read_frame(reader, MAX_META_BYTES, self.limits.part_timeout_s, sender)
         fetch = parse_wire(FetchRequest, raw, sender)
-        blob = await self._call("get_state", self.handlers.get_state(fetch.stage))
+        if fetch.since_iteration is None:
+            blob = await self._call("get_state", self.handlers.get_state(fetch.stage))
+        else:
+            blob = await self._call("get_steps", self.handlers.get_steps(fetch.stage, fetch.since_iteration))
         if blob is None:
             raise _Failed("unavailable", f"no state for stage {fetch.stage} here")
         if not isinstance(blob, StateBlob) or not isinstance(blob.data, (bytes, bytearray)):

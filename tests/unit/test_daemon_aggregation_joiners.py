@@ -25,6 +25,7 @@ T = 7
 
 class FakePart:
     numel = 3
+    grad_dtype = torch.float32
 
     def __init__(self, me: str) -> None:
         self.me = me
