@@ -54,11 +54,26 @@ def print_table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)), flush=True)
 
 
+def by_mode(crashes: list[dict]) -> dict[str, dict]:
+    """Per crash kind: crashes, those that hit microbatches in flight, extra time, recomputed hops."""
+    table = {}
+    for mode in ("random", "forward", "backward", "aggregation"):
+        mine = [c for c in crashes if c["mode"] == mode]
+        extras = [c["extra_s"] for c in mine if c["extra_s"] is not None]
+        affected = sum(c["affected_microbatches"] for c in mine)
+        table[mode] = {"crashes": len(mine), "hit_microbatches": sum(1 for c in mine if c["affected_microbatches"]),
+                       "affected_microbatches": affected, "recomputed_hops": sum(c["recomputed_hops"] for c in mine),
+                       "extra_s_mean": mean(extras), "extra_s_p95": p95(extras),
+                       "point_reached": sum(1 for c in mine if c["how"] in ("crash point", "killed"))}
+    return table
+
+
 def summarize(results: list[dict]) -> dict:
     """Figures over all runs; per-crash figures pool every crash of every run."""
     crashes = [c for r in results for c in r.get("per_crash", [])]
     extras = [c["extra_s"] for c in crashes if c["extra_s"] is not None]
     mb_extras = [c["recovery_extra_s"] for c in crashes if c["affected_microbatches"]]
+    detects = [c["detect_s"] for c in crashes if c.get("detect_s") is not None]
     affected = sum(c["affected_microbatches"] for c in crashes)
     hops = sum(r.get("recomputed_hops", 0) for r in results)
     attributed_hops = sum(c["recomputed_hops"] for c in crashes)
@@ -66,7 +81,7 @@ def summarize(results: list[dict]) -> dict:
         "runs": len(results), "passed": sum(r["ok"] for r in results),
         "in_time": sum(not any("time limit" in v for v in r["violations"]) for r in results),
         "iterations": sum(r.get("iterations", 0) for r in results), "crashes": len(crashes),
-        "by_mode": {m: sum(c["mode"] == m for c in crashes) for m in ("random", "forward", "backward", "aggregation")},
+        "by_mode": by_mode(crashes),
         "crashes_hitting_microbatches": sum(1 for c in crashes if c["affected_microbatches"]),
         "joins": sum(r.get("joins", 0) for r in results), "deferred_crashes": sum(r.get("deferred_crashes", 0)
                                                                                   for r in results),
@@ -81,6 +96,7 @@ def summarize(results: list[dict]) -> dict:
         "extra_s_per_crash_mean": mean(extras), "extra_s_per_crash_p95": p95(extras),
         "extra_s_per_crash_median": statistics.median(extras) if extras else None,
         "microbatch_extra_s_mean": mean(mb_extras), "microbatch_extra_s_p95": p95(mb_extras),
+        "detect_s_mean": mean(detects), "detect_s_p95": p95(detects),
         "clean_iteration_s_median": statistics.median([r["clean_iteration_s"] for r in results
                                                        if r.get("clean_iteration_s")] or [0.0]),
         "dying_steps": sum(r.get("dying_steps", 0) for r in results),
