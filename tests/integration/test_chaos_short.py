@@ -27,7 +27,8 @@ def test_chaos_short(tmp_path: Path) -> None:
     assert result["violations"] == [], result["violations"]
     assert result["crashes"] >= 4 and result["iterations"] == 12
     assert result["lost_microbatches"] == 0 and result["replicas_in_sync"] and result["loss_down"]
-    assert result["max_recomputed_hops"] <= 1  # one hop redone per affected microbatch, never more
+    # one hop redone per microbatch a crash hit (two at most if two crashes took both hops of its path)
+    assert result["recomputed_hops"] <= SETUP.stages * result["affected_microbatches"]
     assert all(c["at"] > 0 for c in per_crash), per_crash  # every planned victim died
     assert [c["mode"] for c in per_crash] == list(SETUP.modes)
     assert result["wall_s"] < SETUP.limit_s + 30
