@@ -10,9 +10,7 @@ live replica of a stage is never a victim (unless ``kill_last``): such a crash w
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import random
 import signal
 import statistics
@@ -89,7 +87,7 @@ class ChaosDriver:
         self.armed: dict[str, tuple[Crash, Daemon, float]] = {}  # victim name -> (crash, victim, deadline)
         self.doomed: set[str] = set()
         self.replacements: list[Daemon] = []
-        self.join_failures = 0
+        self.failed_joins: list[str] = []  # replacements that exited before they were ready
         self.planned = 0
         self.started_iterations = 0
         self.ends: list[float] = []  # wall times of the holder's iteration events
@@ -183,14 +181,12 @@ class ChaosDriver:
         else:
             iteration = len(self.holder.of("iteration"))
             (self.crash_dir / f"{victim.name}.crash").write_text(f"{POINTS[crash.mode]}:{crash.stage}:{iteration}")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim.popen.pid, signal.SIGUSR1)
+            victim.signal_group(signal.SIGUSR1, group=False)
             deadline = time.time() + max(ARMED_MIN_S, 4 * self._typical_s())
             self.armed[victim.name] = (crash, victim, deadline)
 
     def _kill(self, crash: Crash, victim: Daemon, how: str) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(victim.popen.pid, signal.SIGKILL)
+        victim.signal_group(signal.SIGKILL)  # daemon, DHT process and p2pd: a crash
         self._died(crash, time.time(), how)
 
     def _died(self, crash: Crash, at: float, how: str) -> None:
@@ -216,7 +212,7 @@ class ChaosDriver:
             del self.armed[name]
 
     def _replace(self) -> str:
-        name = f"join{len(self.replacements) + self.join_failures}"
+        name = f"join{len(self.replacements) + len(self.failed_joins)}"
         self.replacements.append(self.spawn_replacement(name))
         return name
 
@@ -231,14 +227,14 @@ class ChaosDriver:
                          f"{ready[0]['time'] - daemon.started_at:.0f} s after its start)")
             if not ready and daemon.popen.poll() is not None:
                 self.replacements.remove(daemon)
-                self.join_failures += 1
+                self.failed_joins.append(daemon.name)
                 logger.warning("replacement %s exited before joining: %s", daemon.name, daemon.stderr_tail(3))
-                if self.join_failures <= MAX_JOIN_FAILURES:
+                if len(self.failed_joins) <= MAX_JOIN_FAILURES:
                     self._replace()
 
     def summary(self) -> dict:
         unexecuted = len(self.pending)
-        return {"crashes": len(self.crashes), "joins": self.joins, "join_failures": self.join_failures,
+        return {"crashes": len(self.crashes), "joins": self.joins, "join_failures": len(self.failed_joins),
                 "crashes_not_executed": unexecuted,
                 "deferred_crashes": sum(1 for c in self.crashes if c.deferred_s > 0.5),
                 "by_mode": {m: sum(1 for c in self.crashes if c.mode == m) for m in MODES}}

@@ -180,10 +180,13 @@ def loss_trend(holder: Daemon) -> tuple[float | None, float | None]:
 
 
 def run_figures(crashes: list[dict], holders: list[Daemon], daemons: list[Daemon], n_stages: int,
-                microbatches: int, iterations: int) -> dict[str, Any]:
-    """Checks and figures of one chaos run (``violations`` empty: it passed)."""
+                microbatches: int, iterations: int, unplanned: list[Daemon] = ()) -> dict[str, Any]:
+    """Checks and figures of one chaos run (``violations`` empty: it passed). ``unplanned``: daemons that
+    died while no crash was planned for them (a failure of the run; their last step counts as dying)."""
     problems = check_holders(holders, microbatches, iterations)
-    part_problems, parts = check_parts(daemons, holders, crashes, n_stages, microbatches * len(holders), iterations)
+    problems += [f"{d.name} died unexpectedly (not a chaos victim): {d.stderr_tail(2)}" for d in unplanned]
+    dead = crashes + [{"victim": d.name, "stage": d.of("ready")[0]["stage"]} for d in unplanned if d.of("ready")]
+    part_problems, parts = check_parts(daemons, holders, dead, n_stages, microbatches * len(holders), iterations)
     first, last = loss_trend(holders[0])
     loss_down = first is not None and last is not None and last < first
     if not loss_down:

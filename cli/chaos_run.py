@@ -70,6 +70,7 @@ class ChaosRun:
         self.holders: list[Daemon] = []
         self.rng = random.Random(f"chaos-locations:{setup.seed}")
         self.deadline = 0.0
+        self.unplanned: list[Daemon] = []
 
     def _where(self, location: str) -> tuple[str, ...]:
         scale = self.setup.link_scale
@@ -116,6 +117,7 @@ class ChaosRun:
             driver.stop()
             ended = time.time()
             self._wait_last_steps(driver)
+            self.unplanned = self._unplanned_deaths(driver)
         except (TimeoutError, RuntimeError) as e:
             error = str(e)
         finally:
@@ -127,6 +129,12 @@ class ChaosRun:
             error = error or f"chaos driver: {driver.error!r}"
         self._save_events()
         return self._result(driver, error, started, ended)
+
+    def _unplanned_deaths(self, driver: ChaosDriver) -> list[Daemon]:
+        """Daemons that exited though no crash was planned for them (a replacement that failed to join
+        is counted by the driver instead)."""
+        return [d for d in self.swarm.daemons if d.popen.poll() is not None and d.name not in driver.doomed
+                and d.name not in driver.failed_joins]
 
     def _wait_last_steps(self, driver: ChaosDriver) -> None:
         """Every live relay that is a member of the last iteration steps it (after the holders' end)."""
@@ -148,7 +156,7 @@ class ChaosRun:
         s = self.setup
         crashes = [c.as_dict() for c in driver.crashes] if driver is not None else []
         figures = run_figures(crashes, self.holders, self.swarm.daemons, s.stages, s.microbatches_per_dh,
-                              s.iterations) if self.holders else {"violations": []}
+                              s.iterations, self.unplanned) if self.holders else {"violations": []}
         first = self.holders[0].of("first_microbatch") if self.holders else []
         violations = list(figures.pop("violations"))
         if error:

@@ -127,13 +127,19 @@ class Daemon:
             return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
 
+    def signal_group(self, sig: int, group: bool = True) -> None:
+        """Send ``sig`` to the daemon (or its whole process group) unless it was already reaped: a reaped
+        process's pid, its group id, may belong to another process by now (pids wrap around quickly)."""
+        if self.popen.returncode is not None:  # reaped (poll/wait): never signal its pid again
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            (os.killpg if group else os.kill)(self.popen.pid, sig)
+
     def terminate(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.popen.pid, signal.SIGTERM)
+        self.signal_group(signal.SIGTERM, group=False)
 
     def kill_group(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=10)
         if self.popen.stdout is not None:
