@@ -105,6 +105,7 @@ class ChaosDriver:
         """No more crashes; armed victims that have not crashed yet are killed now (they are doomed)."""
         self._stop.set()
         self._thread.join(timeout=30)
+        self._settle_armed()  # those that did crash at their point meanwhile
         for crash, victim, _ in list(self.armed.values()):
             self._kill(crash, victim, "killed (point not reached)")
         self.armed.clear()
