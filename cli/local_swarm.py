@@ -1,7 +1,9 @@
 """Local swarms: real ``gwtf join --json`` daemons on 127.0.0.1 (``gwtf demo``, tests, benchmarks).
 
 Each daemon runs in its own process group (``start_new_session``) and dies with its parent
-(``PR_SET_PDEATHSIG``, Linux), so nothing outlives a demo or test even if it is SIGKILLed; a
+(``PR_SET_PDEATHSIG``, Linux), so nothing outlives a demo or test even if it is SIGKILLed. The
+signal fires when the *thread* that forked the child exits, so every daemon is forked by one
+spawner thread that lives as long as the process (a chaos driver's thread may come and go); a
 reader thread collects its events, so callers wait on events (``wait_for``) instead of sleeping.
 ``close`` sends SIGTERM (graceful leave) and then SIGKILLs every group.
 """
@@ -18,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,9 @@ Event = dict[str, Any]
 READY_TIMEOUT_S = 90.0
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gwtf-spawner")  # never shut down: see above
 
 
 def _die_with_parent() -> None:
@@ -43,16 +49,19 @@ class Daemon:
         self.args = args
         self.stderr_path = log_dir / f"{name}.stderr"
         self.started_at = time.time()
-        with open(self.stderr_path, "wb") as stderr:
-            self.popen = subprocess.Popen([sys.executable, "-m", "gwtf_cli.join_cmd", "--json", *args],
-                                          cwd=cwd, stdout=subprocess.PIPE, stderr=stderr,
-                                          env={**os.environ, **env} if env else None,
-                                          start_new_session=True, preexec_fn=_die_with_parent)
+        self.popen = _SPAWNER.submit(self._spawn, args, cwd, env).result()
         self.events: list[Event] = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.ready: Event = {}
+
+    def _spawn(self, args: list[str], cwd: Path | None, env: dict[str, str] | None) -> subprocess.Popen:
+        with open(self.stderr_path, "wb") as stderr:
+            return subprocess.Popen([sys.executable, "-m", "gwtf_cli.join_cmd", "--json", *args],
+                                    cwd=cwd, stdout=subprocess.PIPE, stderr=stderr,
+                                    env={**os.environ, **env} if env else None,
+                                    start_new_session=True, preexec_fn=_die_with_parent)
 
     def _read(self) -> None:
         assert self.popen.stdout is not None
