@@ -131,11 +131,18 @@ class ChaosDriver:
         gaps = [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)][-5:]
         return statistics.median(gaps) if gaps else FIRST_ITERATION_S
 
+    def _shortest_s(self) -> float:
+        """The shortest of the last five iterations: a moment drawn within it falls inside the coming
+        iteration (or the next), never after the end of training (the last crash is planned two
+        iterations before it)."""
+        gaps = [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)][-5:]
+        return min(gaps) if gaps else FIRST_ITERATION_S
+
     def _follow(self) -> None:
         """Crashes are planned as the holder starts iterations: by the start of iteration t,
         ``floor(rate × (t + 2))`` of them, ``floor(rate × iterations)`` in all (none in the last
         iteration, so that each one happens while the swarm trains), each at a uniformly random
-        moment within a typical iteration from then."""
+        moment within the shortest recent iteration from then."""
         self.ends = [e["time"] for e in self.holder.of("iteration")]
         started = len(self.ends) + (1 if self.holder.of("first_microbatch") else 0)
         done = bool(self.holder.of("training_done"))
@@ -148,7 +155,7 @@ class ChaosDriver:
                 mode = self.rng.choices(MODES, MODE_WEIGHTS)[0]
                 if self.modes:
                     mode = self.modes[(self.planned - 1) % len(self.modes)]
-                at = time.time() + self.rng.uniform(0.0, self._typical_s())
+                at = time.time() + self.rng.uniform(0.0, self._shortest_s())
                 self.pending.append(Crash(self.planned - 1, mode, t, at))
 
     def _eligible(self) -> list[Daemon]:
