@@ -117,7 +117,7 @@ class NodeHandlers:
         node = self.node
         if stage != node.stage or node.part is None or node.aggregator is None:
             return None
-        if not await node.gate.wait_idle(STATE_WAIT_S):
-            return None
+        # No wait for the step: the log and our iteration change together on the compute thread, and a
+        # joiner that reserved the iteration we are aggregating needs the steps before it right now.
         replay = await node.compute.run(node.aggregator.steps_since, since_iteration)
         return None if replay is None else StateBlob(stage=stage, iteration=replay[0], data=replay[1])

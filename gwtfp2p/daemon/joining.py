@@ -59,6 +59,7 @@ class Joiner:
         self.state_bytes = 0
         self.download_s = 0.0
         self.state_iteration = 0  # steps in the loaded state (a checkpoint's may lag the swarm)
+        self.receiver_iteration = 0  # the most advanced iteration the last handshake's answers named
         self.replayed_steps = 0  # steps replayed after the download (the stage stepped meanwhile)
         self.accepted: list[str] = []  # same-part peers that took us as a member (they aggregate with us)
 
@@ -82,7 +83,9 @@ class Joiner:
             if from_iteration is not None:
                 logger.info("stage %d moved on while joining: replaying its steps since %d", self.stage,
                             from_iteration)
-                from_iteration = await self._catch_up(from_iteration)
+                from_iteration, reserved = await self._reserve_and_catch_up(from_iteration)
+                if reserved:
+                    return from_iteration
         raise JoinError(f"--stage: could not catch up with stage {self.stage}'s replicas after {ATTEMPTS} tries "
                         "(each download failed, or the stage stepped before it was loaded)")
 
@@ -95,9 +98,33 @@ class Joiner:
                 return
             await asyncio.sleep(0.2)
 
-    async def _catch_up(self, from_iteration: int) -> int | None:
-        """Replay the steps a replica took since ``from_iteration`` (each checked against its state
-        hash); the new iteration, or None if no replica had them all (then: download again)."""
+    async def _reserve_and_catch_up(self, from_iteration: int) -> tuple[int | None, bool]:
+        """The replicas answered *stale*: become a member from the iteration they are in (they then
+        wait for us there) and replay the steps up to it. Returns (iteration, reserved); if that
+        iteration was taken meanwhile, just replay what they have and try the handshake again."""
+        target = self.receiver_iteration
+        if target > from_iteration:
+            if await self._handshake(target):
+                if await self._catch_up(from_iteration, until=target) == target:
+                    return target, True
+                await self._withdraw(target)  # they must not wait for us there: download again
+                return None, False
+            await self._withdraw(target)  # one had stepped it already: nobody may wait for us there
+        return await self._catch_up(from_iteration), False
+
+    async def _withdraw(self, iteration: int) -> None:
+        payload = encode_control(Member(stage=self.stage, from_iteration=iteration, until_iteration=iteration - 1))
+        for peer in self.accepted:
+            try:
+                await self.transport.send_flow(peer, payload, timeout_s=ANSWER_TIMEOUT_S)
+            except TransportError as e:
+                logger.debug("membership withdrawal to %s lost: %s", peer, e)
+        self.accepted = []
+
+    async def _catch_up(self, from_iteration: int, until: int | None = None) -> int | None:
+        """Replay the steps a replica took since ``from_iteration`` (up to ``until``, excluded; each
+        checked against its state hash); the new iteration, or None if no replica had them all
+        (then: download again)."""
         sources = sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
                          key=lambda r: (-r.iteration, r.peer_id))
         for source in sources:
@@ -106,6 +133,9 @@ class Joiner:
                 fetched = await self.transport.fetch_state(source.peer_id, self.stage, timeout_s=FETCH_TIMEOUT_S,
                                                            since_iteration=from_iteration)
                 steps = decode_steps(fetched.data, first_iteration=from_iteration, numel=self.part.numel)
+                steps = steps if until is None else steps[:until - from_iteration]
+                if until is not None and from_iteration + len(steps) != until:
+                    raise StepLogError(f"{len(steps)} step(s) kept, {until - from_iteration} needed")
                 await self.compute.run(self._replay, steps)
             except (TransportError, StepLogError) as e:
                 logger.info("no replay of stage %d from %s: %s", self.stage, source.peer_id, e)
@@ -197,6 +227,8 @@ class Joiner:
         if waiting:
             await asyncio.wait(waiting, timeout=ANSWER_TIMEOUT_S)
         answered = {p: f.result().accepted for p, f in self._answers.items() if f.done() and not f.cancelled()}
+        iterations = [f.result().receiver_iteration for f in self._answers.values() if f.done() and not f.cancelled()]
+        self.receiver_iteration = max(iterations, default=from_iteration)
         self._answers = {}
         self.accepted = sorted(p for p, accepted in answered.items() if accepted)
         return all(answered.values())
