@@ -206,14 +206,18 @@ class ChaosDriver:
                  f"{crash.iteration} ({where}); {crash.replacement or 'a replacement'} is starting")
 
     def _settle_armed(self) -> None:
+        """Armed victims that reached their point (or exited) are recorded; one that has not reached it
+        within its deadline, or by the start of the holder's last iteration, is SIGKILLed then (so that
+        every executed crash happens while the swarm trains)."""
         now = time.time()
+        last_started = len(self.holder.of("iteration")) >= self.iterations - 1
         for name, (crash, victim, deadline) in list(self.armed.items()):
             faults = victim.of("fault")
             if faults:
                 self._died(crash, faults[0]["time"], "crash point")
             elif victim.popen.poll() is not None:
                 self._died(crash, now, "exited")
-            elif now >= deadline:
+            elif now >= deadline or last_started:
                 self._kill(crash, victim, "killed (point not reached)")
             else:
                 continue
