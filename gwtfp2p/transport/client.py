@@ -21,6 +21,7 @@ from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 from hivemind.proto import runtime_pb2
 
 from gwtfp2p.transport.codec import iter_chunks, tensor_header, tensor_nbytes
+from gwtfp2p.transport.control_link import ControlLinkReset
 from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable, ProtocolError, RemoteError, TransportError
 from gwtfp2p.transport.framing import StreamClosed, frame, read_chunk, read_frame
 from gwtfp2p.transport.limits import TransportLimits
@@ -48,6 +49,12 @@ def _check_reply(raw: bytes, peer_id: str) -> Reply:
         kind = reply.kind or "internal"
         raise RemoteError(f"{peer_id} answered {kind}: {reply.message}", peer_id, kind)
     return reply
+
+
+def _consume_result(call: asyncio.Future) -> None:
+    """A call whose caller stopped waiting: its outcome is nobody's, but must be retrieved."""
+    if not call.cancelled():
+        call.exception()
 
 
 class TransportClient:
@@ -142,12 +149,22 @@ class TransportClient:
     async def _unary(self, method: str, peer_id: str, metadata: bytes) -> Reply:
         peer = self._peer(peer_id)
         await self._delay(peer_id, len(metadata))
-        response = await self._p2p.call_protobuf_handler(peer, self._name(method),
-                                                         runtime_pb2.ExpertRequest(metadata=metadata),
-                                                         runtime_pb2.ExpertResponse)
+        try:
+            response = await self._unshielded_call(peer, method, metadata)
+        except ControlLinkReset:  # lost with the old control connection (control_link.py): once more
+            response = await self._unshielded_call(peer, method, metadata)
         reply = _check_reply(response.metadata, peer_id)
         await self._delay(peer_id, len(response.metadata))
         return reply
+
+    async def _unshielded_call(self, peer: PeerID, method: str, metadata: bytes) -> runtime_pb2.ExpertResponse:
+        """hivemind's unary call, never cancelled: hivemind's reader of the control connection dies
+        (silently, for every call and handler of this node) when an answer comes for a call whose
+        future was cancelled a moment before. A caller that stops waiting leaves the call to finish."""
+        call = asyncio.ensure_future(self._p2p.call_protobuf_handler(
+            peer, self._name(method), runtime_pb2.ExpertRequest(metadata=metadata), runtime_pb2.ExpertResponse))
+        call.add_done_callback(_consume_result)
+        return await asyncio.shield(call)
 
     async def send_flow(self, peer_id: str, payload: bytes, *, timeout_s: float) -> None:
         """Deliver one flow-protocol message; returns once the peer's handler has taken it."""

@@ -2,8 +2,9 @@
 
 Built on a hivemind ``P2P`` handle: the DHT's (``await swarm_dht.replicate_p2p()``) in a daemon,
 or a standalone one (``Transport.standalone``) in tests and benchmarks. Peers are named by base58
-peer id strings, so callers never import hivemind. Owns registration and shutdown, not the calls
-themselves (``client.py``) nor their handling (``servicer.py``).
+peer id strings, so callers never import hivemind. Owns registration, shutdown and the watcher that
+repairs the control connection to p2pd (``control_link.py``), not the calls themselves
+(``client.py``) nor their handling (``servicer.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from gwtfp2p.transport.client import TransportClient
+from gwtfp2p.transport.control_link import ControlLink, watch_control_link
 from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable
 from gwtfp2p.transport.limits import TransportLimits
 from gwtfp2p.transport.link_emulation import LinkEmulator
 from gwtfp2p.transport.servicer import TransportHandlers, TransportServicer
 
 logger = logging.getLogger(__name__)
+CONTROL_CHECK_S = 0.2  # how often the control connection to p2pd is checked (two attribute reads)
+CONTROL_REOPEN_TIMEOUT_S = 5.0
 
 
 def _without_p2p(maddr: Multiaddr) -> Multiaddr:
@@ -41,6 +45,9 @@ class Transport(TransportClient):
         self._owns_p2p = owns_p2p
         self._closed = False
         self.peer_id: str = p2p.peer_id.to_base58()
+        self.control_link = ControlLink(p2p)
+        self._watch = asyncio.create_task(watch_control_link(self.control_link, CONTROL_CHECK_S,
+                                                             CONTROL_REOPEN_TIMEOUT_S), name="control-link")
 
     @classmethod
     async def start(cls, p2p: P2P, handlers: TransportHandlers, *, limits: TransportLimits | None = None,
@@ -95,6 +102,9 @@ class Transport(TransportClient):
         if self._closed:
             return
         self._closed = True
+        self._watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watch
         with contextlib.suppress(Exception):
             removal = self._servicer.remove_p2p_handlers(self._p2p, namespace=self.limits.namespace)
             await asyncio.wait_for(removal, 5.0)
