@@ -60,8 +60,11 @@ def test_newcomer_killed_mid_download_then_newcomer_in_sync(tmp_path: Path) -> N
         steps = {e["iteration"]: e["hash"] for e in server.of("step")}
         assert mine["hash"] == steps[first]
         newcomer.wait_event("step", 60, iteration=first + 3)
-        for event in newcomer.of("step"):
-            assert event["hash"] == {e["iteration"]: e["hash"] for e in server.of("step")}[event["iteration"]]
+        own_steps = list(newcomer.of("step"))  # a snapshot: both replicas keep stepping (≈ 0.3 s per iteration)
+        server.wait_event("step", 60, iteration=own_steps[-1]["iteration"])  # its event may come a moment later
+        server_steps = {e["iteration"]: e["hash"] for e in server.of("step")}
+        for event in own_steps:
+            assert event["hash"] == server_steps[event["iteration"]]
         assert in_sync([d for d in swarm.daemons if d is not doomed])
         print("JOIN", json.dumps({"state_bytes": ready["state_bytes"], "download_s": ready["download_s"],
                                   "start_to_ready_s": round(ready["time"] - newcomer.started_at, 2),
