@@ -127,15 +127,19 @@ class ChaosDriver:
             logger.exception("chaos driver failed")
             self.error = e
 
+    def _recent_gaps_s(self) -> list[float]:
+        """The holder's last five iterations, in seconds."""
+        return [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)][-5:]
+
     def _typical_s(self) -> float:
-        gaps = [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)][-5:]
+        gaps = self._recent_gaps_s()
         return statistics.median(gaps) if gaps else FIRST_ITERATION_S
 
     def _shortest_s(self) -> float:
         """The shortest of the last five iterations: a moment drawn within it falls inside the coming
         iteration (or the next), never after the end of training (the last crash is planned two
         iterations before it)."""
-        gaps = [b - a for a, b in zip(self.ends, self.ends[1:], strict=False)][-5:]
+        gaps = self._recent_gaps_s()
         return min(gaps) if gaps else FIRST_ITERATION_S
 
     def _follow(self) -> None:

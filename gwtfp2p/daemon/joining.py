@@ -226,9 +226,9 @@ class Joiner:
         waiting = [f for f in self._answers.values() if not f.cancelled()]
         if waiting:
             await asyncio.wait(waiting, timeout=ANSWER_TIMEOUT_S)
-        answered = {p: f.result().accepted for p, f in self._answers.items() if f.done() and not f.cancelled()}
-        iterations = [f.result().receiver_iteration for f in self._answers.values() if f.done() and not f.cancelled()]
-        self.receiver_iteration = max(iterations, default=from_iteration)
+        answers = {p: f.result() for p, f in self._answers.items() if f.done() and not f.cancelled()}
+        answered = {p: answer.accepted for p, answer in answers.items()}
+        self.receiver_iteration = max((a.receiver_iteration for a in answers.values()), default=from_iteration)
         self._answers = {}
         self.accepted = sorted(p for p, accepted in answered.items() if accepted)
         return all(answered.values())

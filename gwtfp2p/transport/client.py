@@ -150,14 +150,14 @@ class TransportClient:
         peer = self._peer(peer_id)
         await self._delay(peer_id, len(metadata))
         try:
-            response = await self._unshielded_call(peer, method, metadata)
+            response = await self._uncancelled_call(peer, method, metadata)
         except ControlLinkReset:  # lost with the old control connection (control_link.py): once more
-            response = await self._unshielded_call(peer, method, metadata)
+            response = await self._uncancelled_call(peer, method, metadata)
         reply = _check_reply(response.metadata, peer_id)
         await self._delay(peer_id, len(response.metadata))
         return reply
 
-    async def _unshielded_call(self, peer: PeerID, method: str, metadata: bytes) -> runtime_pb2.ExpertResponse:
+    async def _uncancelled_call(self, peer: PeerID, method: str, metadata: bytes) -> runtime_pb2.ExpertResponse:
         """hivemind's unary call, never cancelled: hivemind's reader of the control connection dies
         (silently, for every call and handler of this node) when an answer comes for a call whose
         future was cancelled a moment before. A caller that stops waiting leaves the call to finish."""

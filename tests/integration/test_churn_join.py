@@ -54,7 +54,6 @@ def test_newcomer_killed_mid_download_then_newcomer_in_sync(tmp_path: Path) -> N
         assert ready["state_source"] == "replica" and ready["state_bytes"] > 0 and ready["from_iteration"] > 2
         useful = newcomer.wait_event("first_microbatch", 90)
         first = ready["from_iteration"]
-        steps = {e["iteration"]: e["hash"] for e in server.of("step")}
         mine = newcomer.wait_event("step", 60, iteration=first)
         server.wait_event("step", 60, iteration=first)
         steps = {e["iteration"]: e["hash"] for e in server.of("step")}
