@@ -168,6 +168,9 @@ def test_dead_peer_is_unreachable_at_once(spawn_peer):
     assert elapsed_s < 3.0
 
 
+UVLOOP_TIMER_RESOLUTION_S = 0.005
+
+
 def test_frozen_peer_times_out_at_the_deadline(spawn_peer):
     peer = spawn_peer("transport")
     timeout_s = 1.0
@@ -191,7 +194,9 @@ def test_frozen_peer_times_out_at_the_deadline(spawn_peer):
             await client.close()
 
     for elapsed_s, error in run_async(scenario()):
-        assert timeout_s <= elapsed_s < timeout_s + 1.0
+        # uvloop's timers count whole milliseconds of libuv's clock, so a deadline can fire a millisecond or so
+        # before time.monotonic() says it is due (CI measured 0.99988 s for 1 s; 1.2 ms early seen here).
+        assert timeout_s - UVLOOP_TIMER_RESOLUTION_S <= elapsed_s < timeout_s + 1.0
         assert error.peer_id == peer.peer_id
 
 
