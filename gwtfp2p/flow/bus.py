@@ -1,7 +1,7 @@
 """In-memory message bus: runs N FlowNodes over a simulated network in protocol ticks.
 
-Messages take ``delay_ticks`` plus a random jitter (reordering) and may be lost with a given
-probability. Discovery is modelled as the DHT would do it: a node joining is introduced to its
+Messages take ``delay_ticks`` plus a random jitter (reordering), may be lost with a given
+probability and may arrive twice (as when the daemon's transport sends a waiting call once more). Discovery is modelled as the DHT would do it: a node joining is introduced to its
 previous-, same- and next-stage nodes; a node leaving is signalled to every node that knew it.
 The bus is deterministic for a seed. Used by tests, ``gwtf flow solve`` and the benchmarks.
 """
@@ -27,6 +27,7 @@ class NetworkModel:
     delay_ticks: int = 1
     jitter_ticks: int = 0
     loss: float = 0.0
+    duplicate: float = 0.0  # probability that a message is delivered a second time, with its own delay
     wire: bool = False  # carry every message through the wire codec, as the daemon does
 
 
@@ -104,13 +105,18 @@ class MessageBus:
             self.messages += 1
             if self.network.loss and self.rng.random() < self.network.loss:
                 continue
-            delay = self.network.delay_ticks
-            if self.network.jitter_ticks:
-                delay += self.rng.randint(0, self.network.jitter_ticks)
-            if self.network.wire:
-                envelope = Envelope(envelope.dst, decode_message(encode_message(envelope.message)))
-            self._seq += 1
-            heapq.heappush(self._queue, (self.now + max(1, delay), self._seq, src, envelope))
+            copies = 2 if self.network.duplicate and self.rng.random() < self.network.duplicate else 1
+            for _ in range(copies):
+                self._enqueue(src, envelope)
+
+    def _enqueue(self, src: str, envelope: Envelope) -> None:
+        delay = self.network.delay_ticks
+        if self.network.jitter_ticks:
+            delay += self.rng.randint(0, self.network.jitter_ticks)
+        if self.network.wire:
+            envelope = Envelope(envelope.dst, decode_message(encode_message(envelope.message)))
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now + max(1, delay), self._seq, src, envelope))
 
     def step(self) -> None:
         """One tick: deliver what is due, then tick every node."""

@@ -1,4 +1,4 @@
-"""Property tests: with message loss, reordering and churn, the protocol's invariants hold at
+"""Property tests: with message loss, duplication, reordering and churn, the protocol's invariants hold at
 every tick — no capacity exceeded, every routed unit a complete DH → 1 → … → S → same DH path,
 single ownership of every edge unit, no unit through a node after its loss was signalled."""
 
@@ -28,9 +28,9 @@ def swarms(draw):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(swarms(), st.integers(0, 2**16), st.floats(0.0, 0.1), st.integers(0, 2))
-def test_invariants_hold_at_every_tick(instance, seed, loss, jitter):
-    network = NetworkModel(delay_ticks=1, jitter_ticks=jitter, loss=loss)
+@given(swarms(), st.integers(0, 2**16), st.floats(0.0, 0.1), st.floats(0.0, 0.2), st.integers(0, 2))
+def test_invariants_hold_at_every_tick(instance, seed, loss, duplicate, jitter):
+    network = NetworkModel(delay_ticks=1, jitter_ticks=jitter, loss=loss, duplicate=duplicate)
     bus = MessageBus(instance, seed=seed, network=network, check_every_tick=True)
     rng = random.Random(seed)
     for tick in range(160):
@@ -53,4 +53,16 @@ def test_without_loss_the_protocol_reaches_the_maximum_flow(instance, seed):
     from gwtfp2p.flow.oracle import solve
 
     result = MessageBus(instance, seed=seed).run(max_ticks=800, quiet_ticks=60)
+    assert result.quality.flow_value == solve(instance).quality.flow_value
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(swarms(), st.integers(0, 2**16), st.floats(0.05, 0.5), st.integers(1, 3))
+def test_duplicated_and_reordered_messages_still_reach_the_maximum_flow(instance, seed, duplicate, jitter):
+    from gwtfp2p.flow.oracle import solve
+
+    network = NetworkModel(delay_ticks=1, jitter_ticks=jitter, duplicate=duplicate)
+    bus = MessageBus(instance, seed=seed, network=network, check_every_tick=True)
+    result = bus.run(max_ticks=1500, quiet_ticks=80)
+    assert bus.violations == []
     assert result.quality.flow_value == solve(instance).quality.flow_value
