@@ -1,9 +1,10 @@
 """In-memory message bus: runs N FlowNodes over a simulated network in protocol ticks.
 
-Messages take ``delay_ticks`` plus a random jitter (reordering), may be lost with a given
-probability and may arrive twice (as when the daemon's transport sends a waiting call once more). Discovery is modelled as the DHT would do it: a node joining is introduced to its
-previous-, same- and next-stage nodes; a node leaving is signalled to every node that knew it.
-The bus is deterministic for a seed. Used by tests, ``gwtf flow solve`` and the benchmarks.
+Messages take ``delay_ticks`` plus a random jitter (reordering), may be lost with a given probability
+and may arrive twice (as when the daemon's transport sends a waiting call once more). Discovery is
+modelled as the DHT would do it: a node joining is introduced to its previous-, same- and next-stage
+nodes; a node leaving is signalled to every node that knew it. The bus is deterministic for a seed.
+Used by tests, ``gwtf flow solve`` and the benchmarks.
 """
 
 from __future__ import annotations
