@@ -28,6 +28,7 @@ from tests.integration.peer_main import STATE_ITERATION, STATE_STAGE, state_byte
 
 pytestmark = pytest.mark.timeout(90)
 MIB = 2**20
+UVLOOP_TIMER_RESOLUTION_S = 0.005  # a deadline may fire this much early (libuv counts whole milliseconds)
 
 
 class Recorder:
@@ -166,9 +167,6 @@ def test_dead_peer_is_unreachable_at_once(spawn_peer):
     errors, elapsed_s = run_async(scenario())
     assert all(isinstance(e, PeerUnreachable) and e.peer_id == peer.peer_id for e in errors), errors
     assert elapsed_s < 3.0
-
-
-UVLOOP_TIMER_RESOLUTION_S = 0.005
 
 
 def test_frozen_peer_times_out_at_the_deadline(spawn_peer):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gwtfp2p.flow.bus import MessageBus, NetworkModel
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec, adjacent_stages, edge_key
+from gwtfp2p.flow.oracle import solve
 
 
 @st.composite
@@ -50,8 +51,6 @@ def test_invariants_hold_at_every_tick(instance, seed, loss, duplicate, jitter):
 @settings(max_examples=20, deadline=None)
 @given(swarms(), st.integers(0, 2**16))
 def test_without_loss_the_protocol_reaches_the_maximum_flow(instance, seed):
-    from gwtfp2p.flow.oracle import solve
-
     result = MessageBus(instance, seed=seed).run(max_ticks=800, quiet_ticks=60)
     assert result.quality.flow_value == solve(instance).quality.flow_value
 
@@ -59,8 +58,6 @@ def test_without_loss_the_protocol_reaches_the_maximum_flow(instance, seed):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(swarms(), st.integers(0, 2**16), st.floats(0.05, 0.5), st.integers(1, 3))
 def test_duplicated_and_reordered_messages_still_reach_the_maximum_flow(instance, seed, duplicate, jitter):
-    from gwtfp2p.flow.oracle import solve
-
     network = NetworkModel(delay_ticks=1, jitter_ticks=jitter, duplicate=duplicate)
     bus = MessageBus(instance, seed=seed, network=network, check_every_tick=True)
     result = bus.run(max_ticks=1500, quiet_ticks=80)
