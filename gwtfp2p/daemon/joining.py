@@ -4,8 +4,9 @@ A node whose part (stage, or the data holders' head+tail) has replicas past iter
 the state of the most advanced one (size and sha256 checked by the transport, the state hash by
 the model) and takes part in aggregation from that state's iteration. It tells every same-part
 peer (``Member``); one that already aggregated that iteration answers *stale*, and the node
-replays the steps the stage took meanwhile (``steplog.py``: the replicas' mean gradients, each
-step checked against its state hash), or downloads again if they are no longer kept. A fresh
+reserves an iteration a little ahead and replays the steps the stage takes up to it
+(``steplog.py``: the replicas' mean gradients, each step checked against its state hash), or
+downloads again if they are no longer kept. A fresh
 run keeps the seeded initial weights (iteration 0). A stage with no live replica in a running
 swarm is restored from this node's local checkpoint (``--checkpoint-dir``, hash verified) or,
 failing that, restarts from its initial weights; either way it enters at the swarm's current
@@ -34,6 +35,9 @@ logger = logging.getLogger(__name__)
 ANSWER_TIMEOUT_S = 5.0
 FETCH_TIMEOUT_S = 120.0
 ATTEMPTS = 4
+RESERVE_AHEAD = 2  # a stale joiner reserves the iteration this far past the replicas' current one
+RESERVED_WAIT_S = 30.0  # at most this long replaying up to a reserved iteration (the replicas wait there)
+STEP_POLL_S = 0.05  # how often the steps the stage takes meanwhile are fetched
 
 
 class JoinError(ConfigError):
@@ -99,17 +103,18 @@ class Joiner:
             await asyncio.sleep(0.2)
 
     async def _reserve_and_catch_up(self, from_iteration: int) -> tuple[int | None, bool]:
-        """The replicas answered *stale*: become a member from the iteration they are in (they then
-        wait for us there) and replay the steps up to it. Returns (iteration, reserved); if that
-        iteration was taken meanwhile, just replay what they have and try the handshake again."""
-        target = self.receiver_iteration
-        if target > from_iteration:
-            if await self._handshake(target):
-                if await self._catch_up(from_iteration, until=target) == target:
-                    return target, True
-                await self._withdraw(target)  # they must not wait for us there: download again
-                return None, False
-            await self._withdraw(target)  # one had stepped it already: nobody may wait for us there
+        """The replicas answered *stale*: become a member from ``RESERVE_AHEAD`` iterations past the one
+        they are in (they then wait for us there; reserving the current one loses the race to a stage
+        that steps faster than a round trip) and replay the steps up to it as the stage takes them.
+        Returns (iteration, reserved); if the reservation was refused, just replay what they have and
+        try the handshake again."""
+        target = max(self.receiver_iteration, from_iteration) + RESERVE_AHEAD
+        if await self._handshake(target):
+            if await self._catch_up(from_iteration, until=target) == target:
+                return target, True
+            await self._withdraw(target)  # they must not wait for us there: download again
+            return None, False
+        await self._withdraw(target)  # one had stepped it already: nobody may wait for us there
         return await self._catch_up(from_iteration), False
 
     async def _withdraw(self, iteration: int) -> None:
@@ -122,9 +127,21 @@ class Joiner:
         self.accepted = []
 
     async def _catch_up(self, from_iteration: int, until: int | None = None) -> int | None:
-        """Replay the steps a replica took since ``from_iteration`` (up to ``until``, excluded; each
-        checked against its state hash); the new iteration, or None if no replica had them all
-        (then: download again)."""
+        """Replay the steps a replica took since ``from_iteration`` (each checked against its state
+        hash); with ``until``, up to it (excluded), polling for the last ones while the stage takes
+        them (at most ``RESERVED_WAIT_S``: the replicas wait for us at ``until``). The new iteration,
+        or None if no replica had the steps (then: download again)."""
+        caught = await self._replay_kept(from_iteration, until)
+        deadline = time.monotonic() + RESERVED_WAIT_S
+        while until is not None and caught is not None and caught < until and time.monotonic() < deadline:
+            await asyncio.sleep(STEP_POLL_S)
+            caught = await self._replay_kept(caught, until)
+        return caught
+
+    async def _replay_kept(self, from_iteration: int, until: int | None) -> int | None:
+        """One pass: the steps the most advanced replica that has them all kept since ``from_iteration``
+        (up to ``until``, excluded), replayed; the new iteration, or None (none had them, or a step did
+        not give its hash)."""
         sources = sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
                          key=lambda r: (-r.iteration, r.peer_id))
         for source in sources:
@@ -134,8 +151,6 @@ class Joiner:
                                                            since_iteration=from_iteration)
                 steps = decode_steps(fetched.data, first_iteration=from_iteration, numel=self.part.numel)
                 steps = steps if until is None else steps[:until - from_iteration]
-                if until is not None and from_iteration + len(steps) != until:
-                    raise StepLogError(f"{len(steps)} step(s) kept, {until - from_iteration} needed")
                 await self.compute.run(self._replay, steps)
             except (TransportError, StepLogError) as e:
                 logger.info("no replay of stage %d from %s: %s", self.stage, source.peer_id, e)
@@ -145,9 +160,10 @@ class Joiner:
                 return None
             caught_up = from_iteration + len(steps)
             self.replayed_steps += len(steps)
-            self.events.emit("replayed", source=source.peer_id, stage=self.stage, steps=len(steps),
-                             bytes=len(fetched.data), seconds=round(time.monotonic() - started, 4),
-                             iteration=caught_up)
+            if steps:
+                self.events.emit("replayed", source=source.peer_id, stage=self.stage, steps=len(steps),
+                                 bytes=len(fetched.data), seconds=round(time.monotonic() - started, 4),
+                                 iteration=caught_up)
             return caught_up
         return None
 
