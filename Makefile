@@ -33,8 +33,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check gwtfp2p cli tests benchmarks
 	$(BIN)/lint-imports
 
+# The whole suite to the end (no -x): unit, then simulator, then real processes. The closing summary names
+# every failure with its first error line, every retried integration test (tests/conftest.py: at most two
+# retries, docs/testing.md) and the slowest tests.
 test: lint
-	$(BIN)/python -m pytest -q -x tests
+	$(BIN)/python -m pytest -q -rfER --durations=15 tests/unit tests/sim tests/integration
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
