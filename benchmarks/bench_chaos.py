@@ -1,6 +1,6 @@
 """Benchmark: seeded chaos runs of a local swarm: relays SIGKILLed while it trains, replacements join.
 
-Each run (``gwtf_cli.chaos_run``) starts a fresh swarm of real ``gwtf join`` daemons (default: a
+Each run (``gwtfp2p.localswarm.chaos_run``) starts a fresh swarm of real ``gwtf join`` daemons (default: a
 data holder + 2 stages × 4 relays = 9 processes, GPT-2 tiny, geo10 link emulation), trains a fixed
 number of iterations while a seeded ``ChaosDriver`` crashes relays (random moments and crash
 points mid-forward, mid-backward, mid-aggregation) and starts replacements (``--stage auto``), all
@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gwtf_cli.chaos_figures import mean, p95
-from gwtf_cli.chaos_run import ChaosSetup, run_chaos
+from gwtfp2p.localswarm.chaos_figures import mean, p95
+from gwtfp2p.localswarm.chaos_run import ChaosSetup, run_chaos
 
 COLUMNS = ("seed", "ok", "crashes", "joins", "lost", "in sync", "hops/crash", "hops/mb", "extra s mean", "extra s p95",
            "mb extra s", "loss", "wall s")

@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gwtf_cli.local_swarm import FAST, Daemon, Swarm
 from gwtfp2p.config import RunSpec
+from gwtfp2p.localswarm.processes import FAST, Daemon, Swarm
 
 MIB = 2**20
 START_TIMEOUT_S = 240.0  # process start -> ready, 124m on two busy cores included

@@ -2,8 +2,10 @@
 
 For each configuration, both train the same model from the same seed on the same microbatches
 (the embedded corpus, byte tokenizer) in one run, on this CPU, and we print side by side:
-tokens/s of each and their ratio, the largest loss difference, and memory per part:
-parameter bytes (weights + gradients + two AdamW moments) and the bytes of activations autograd
+tokens/s of each and their ratio, the largest loss difference (against a plain float32 loop, see
+``PlainSingleProcess``: rounding-level; docs/model.md), and memory per part:
+parameter bytes (weights + gradients + two AdamW moments; a part also holds its int64 exact gradient
+sum, 8 bytes per parameter, which a plain single process does not need) and the bytes of activations autograd
 saves (distinct non-parameter storages seen by a saved-tensor hook; allocator overhead and
 transient workspaces are not counted) per microbatch and at peak. Wall times are never asserted.
 
@@ -21,11 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from gwtfp2p.config import RunSpec
+from gwtfp2p.model.aggregate import make_optimizer
+from gwtfp2p.model.build import build_from_spec
 from gwtfp2p.model.data import load_documents, sampler_for, tokenize_documents
 from gwtfp2p.model.harness import PipelineHarness, microbatch_id
 from gwtfp2p.model.ledger import Ledger
 from gwtfp2p.model.presets import PRESETS, count_parameters
-from gwtfp2p.model.reference import ReferenceTrainer
 from gwtfp2p.model.tokenizer import ByteTokenizer
 
 
@@ -65,6 +68,31 @@ def unsplit_saved_bytes(model: torch.nn.Module, ids: torch.Tensor) -> int:
     return meter[0]
 
 
+class PlainSingleProcess:
+    """The baseline as one would write it: ``loss.backward()`` per microbatch accumulating into
+    ``.grad`` (float32), ``/= n``, ``clip_grad_norm_`` over the whole model, one AdamW step (the
+    run's hyper-parameters and weight-decay groups). No exact sums: nothing here slows it down."""
+
+    def __init__(self, spec: RunSpec, vocab: int) -> None:
+        self.model = build_from_spec(spec, vocab)
+        self.params = list(self.model.parameters())
+        self.optimizer = make_optimizer(self.params, spec)
+        self.max_norm = spec.grad_clip
+
+    def step(self, microbatches: list[torch.Tensor]) -> list[float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        losses = []
+        for ids in microbatches:
+            loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            losses.append(float(loss.detach()))
+        for p in self.params:
+            p.grad /= len(microbatches)
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        self.optimizer.step()
+        return losses
+
+
 def run_case(case: Case, tokens: torch.Tensor) -> dict:
     """Train the case both ways; returns its figures."""
     spec = RunSpec(model_family=case.family, model_preset=case.preset, n_stages=case.stages, seed=0,
@@ -73,7 +101,7 @@ def run_case(case: Case, tokens: torch.Tensor) -> dict:
     vocab = ByteTokenizer.vocab_size
     samplers = [sampler_for(spec, tokens, d, case.data_holders) for d in range(case.data_holders)]
     harness = PipelineHarness(spec, vocab, replicas=case.replicas, data_holders=case.data_holders)
-    reference = ReferenceTrainer(spec, vocab)
+    reference = PlainSingleProcess(spec, vocab)
     unsplit_bytes = unsplit_saved_bytes(reference.model, samplers[0].microbatch(0, 0))
     times = {"single": 0.0, "harness": 0.0}
     dloss = 0.0
@@ -114,7 +142,7 @@ def print_results(results: list[dict]) -> None:
               f"{r['single_tps']:.0f} | {r['harness_tps']:.0f} | {r['harness_tps'] / r['single_tps']:.2f} | "
               f"{r['dloss']:.1e} |")
     print()
-    print("| model | part | params+grads+AdamW MiB | activations/microbatch MiB | peak saved MiB | "
+    print("| model | part | params+grads+AdamW (+exact sum) MiB | activations/microbatch MiB | peak saved MiB | "
           "tail transient MiB |")
     print("|---|---|---|---|---|---|")
     for r in results:

@@ -1,12 +1,15 @@
 """Forward+backward RPC throughput between two processes vs raw TCP on loopback, side by side.
 
-    .venv/bin/python benchmarks/bench_rpc.py [--size-mib 16] [--rounds 6] [--part-kib 256 1024 2048]
+    .venv/bin/python benchmarks/bench_rpc.py [--size-mib 16] [--rounds 10] [--part-kib 256 1024]
 
-A server process (started by this script in its own process group) runs a gwtf ``Transport`` and a
-raw asyncio TCP echo. One round = the client sends a forward activation of ``size`` bytes; the
-server acknowledges it and sends a backward gradient of the same size back; the round ends when the
-client has received it. Both directions carry ``size`` bytes, so MiB/s = 2 × size / round time.
-Raw TCP does the same exchange over one plain socket. Also prints ping RTT (RPC vs TCP).
+A server process (started by this script in its own process group) runs a gwtf ``Transport`` and
+raw TCP echoes. One round = the client sends a forward activation of ``size`` bytes; the server
+acknowledges it and sends a backward gradient of the same size back; the round ends when the client
+has received it. Both directions carry ``size`` bytes, so MiB/s = 2 × size / round time. Paths: gwtf
+RPC over libp2p streams (through both p2pd), gwtf RPC over the direct data channel
+(``transport/direct.py``), raw TCP with asyncio streams and with blocking sockets (the reference);
+their rounds are interleaved, one of each in turn. Where the time goes: CPU seconds per round of
+each process (client, its p2pd, server, its p2pd), from /proc. Also prints ping RTT (RPC vs TCP).
 Prints figures and ratios; asserts nothing. Results: docs/transport.md.
 """
 
@@ -24,6 +27,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import torch
 
@@ -50,14 +54,15 @@ class EchoHandlers:
 
     def __init__(self) -> None:
         self.transport: Transport | None = None
-        self.clients: dict[int, TransportClient] = {}
+        self.clients: dict[tuple[int, bool], TransportClient] = {}
         self.tasks: set[asyncio.Task] = set()
 
     async def _send_back(self, sender: str, meta: TransferMeta, tensor: torch.Tensor) -> None:
         assert self.transport is not None
         part_bytes = int(meta.tags.get("part_bytes", self.transport.limits.part_bytes))
-        client = self.clients.setdefault(part_bytes, TransportClient(
-            self.transport.p2p, TransportLimits(part_bytes=part_bytes)))
+        direct = bool(meta.tags.get("direct", False))  # the backward takes the forward's path
+        client = self.clients.setdefault((part_bytes, direct), TransportClient(
+            self.transport.p2p, TransportLimits(part_bytes=part_bytes, direct_channel=direct)))
         try:
             await client.backward(sender, meta, tensor, timeout_s=60)
         except TransportError as e:  # the client may be gone already (end of the benchmark)
@@ -124,6 +129,7 @@ async def serve() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(json.dumps({"maddrs": await handlers.transport.visible_maddrs(), "peer_id": handlers.transport.peer_id,
+                      "pids": {"server": os.getpid(), "server p2pd": handlers.transport.p2p._child.pid},
                       "tcp_port": tcp.sockets[0].getsockname()[1],
                       "blocking_tcp_port": listener.getsockname()[1]}), flush=True)
     await stop.wait()
@@ -153,13 +159,24 @@ class Collector:
         return None
 
 
-async def rpc_round(transport: Transport, collector: Collector, server: str, tensor: torch.Tensor,
-                    index: int, part_bytes: int) -> float:
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds each process used so far (its threads included), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+async def rpc_round(client: TransportClient, transport: Transport, collector: Collector, server: str,
+                    tensor: torch.Tensor, index: int) -> float:
+    direct = client.limits.direct_channel
     meta = TransferMeta(microbatch=MicrobatchId(data_holder=transport.peer_id, iteration=0, index=index),
-                        stage=1, tags={"part_bytes": part_bytes})
+                        stage=1, tags={"part_bytes": client.limits.part_bytes, "direct": direct})
     future = asyncio.get_running_loop().create_future()
     collector.waiting[meta.microbatch.key] = future
-    client = TransportClient(transport.p2p, TransportLimits(part_bytes=part_bytes))
     started = time.perf_counter()
     await client.forward(server, meta, tensor, timeout_s=60)
     await asyncio.wait_for(future, 60)
@@ -205,50 +222,90 @@ def _rate(size_bytes: int, seconds: list[float]) -> float:
     return 2 * size_bytes / MIB / statistics.median(seconds)
 
 
-async def measure(args: argparse.Namespace) -> dict[str, float]:
+async def interleaved(paths: dict[str, Callable[[int], Awaitable[float]]], rounds: int, pids: dict[str, int],
+                      size_bytes: int) -> dict:
+    """Two warm-up rounds of each path (a direct connection opens during the first), then ``rounds`` rounds
+    of every path in turn, so that a busy spell of the machine falls on all of them alike: MiB/s (median
+    round) and each process's CPU seconds per round, by path."""
+    index = 0
+    for _ in range(2):
+        for run in paths.values():
+            index += 1
+            await run(index)
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    cpu: dict[str, dict[str, float]] = {name: dict.fromkeys(pids, 0.0) for name in paths}
+    for _ in range(rounds):
+        for name, run in paths.items():
+            index += 1
+            before = cpu_seconds(pids)
+            times[name].append(await run(index))
+            after = cpu_seconds(pids)
+            for p in pids:
+                cpu[name][p] += (after[p] - before[p]) / rounds
+    results: dict = {}
+    for name in paths:
+        results[name] = _rate(size_bytes, times[name])
+        results[f"{name}_cpu"] = cpu[name]
+        results[f"{name}_round_s"] = statistics.median(times[name])
+    return results
+
+
+async def measure(args: argparse.Namespace) -> dict:
     size = int(args.size_mib * MIB)
     tensor = torch.randn(size // 4)
+    payload = tensor.numpy().tobytes()
     process, info = await start_server()
     collector = Collector()
     transport = await Transport.standalone(collector, initial_peers=info["maddrs"])
-    results: dict[str, float] = {}
+    pids = {"client": os.getpid(), "client p2pd": transport.p2p._child.pid, **info["pids"]}
+    server = info["peer_id"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", info["tcp_port"])
+    conn = socket.create_connection(("127.0.0.1", info["blocking_tcp_port"]))
+    clients = {f"rpc_{k}k": TransportClient(transport.p2p, TransportLimits(part_bytes=k * 1024, direct_channel=False))
+               for k in args.part_kib}
+    clients["rpc_direct"] = TransportClient(transport.p2p, TransportLimits(direct_channel=True))
+
+    def rpc(client: TransportClient) -> Callable[[int], Awaitable[float]]:
+        return lambda i: rpc_round(client, transport, collector, server, tensor, i)
+
+    async def tcp_asyncio(_: int) -> float:
+        return await tcp_round(reader, writer, payload)
+
+    async def tcp_blocking(_: int) -> float:
+        return blocking_tcp_round(conn, payload)
+
     try:
-        server, index = info["peer_id"], 0
-        for part_kib in args.part_kib:
-            times = []
-            for round_no in range(args.rounds + 1):  # first round warms up
-                index += 1
-                elapsed = await rpc_round(transport, collector, server, tensor, index, part_kib * 1024)
-                times.append(elapsed) if round_no else None
-            results[f"rpc_{part_kib}k"] = _rate(size, times)
-        reader, writer = await asyncio.open_connection("127.0.0.1", info["tcp_port"])
-        payload = tensor.numpy().tobytes()
-        tcp_times = [await tcp_round(reader, writer, payload) for _ in range(args.rounds + 1)][1:]
-        results["tcp_asyncio"] = _rate(size, tcp_times)
-        with socket.create_connection(("127.0.0.1", info["blocking_tcp_port"])) as conn:
-            results["tcp"] = _rate(size, [blocking_tcp_round(conn, payload) for _ in range(args.rounds + 1)][1:])
+        paths = {name: rpc(client) for name, client in clients.items()}
+        paths.update(tcp_asyncio=tcp_asyncio, tcp=tcp_blocking)
+        results = await interleaved(paths, args.rounds, pids, size)
         pings = [(await transport.ping(server, timeout_s=5)).rtt_s for _ in range(args.pings)]
         results["rpc_ping_ms"] = 1000 * statistics.median(pings)
         results["tcp_ping_ms"] = 1000 * statistics.median(
             [await tcp_round(reader, writer, b"x") for _ in range(args.pings)])
-        writer.close()
     finally:
+        writer.close()
+        conn.close()
+        for client in clients.values():
+            if client.direct is not None:
+                await client.direct.close()
         await transport.close()
         stop_server(process)
         await process.wait()
     return results
 
 
-def report(args: argparse.Namespace, results: dict[str, float]) -> None:
+def report(args: argparse.Namespace, results: dict) -> None:
     print(f"forward+backward of a {args.size_mib:g} MiB float32 activation, two processes, loopback, "
-          f"median of {args.rounds} rounds (MiB/s = 2 x size / round time)")
-    print(f"{'path':<28}{'MiB/s':>10}{'vs raw TCP':>12}")
-    for part_kib in args.part_kib:
-        rate = results[f"rpc_{part_kib}k"]
-        print(f"{f'gwtf RPC, {part_kib} KiB parts':<28}{rate:>10.1f}{rate / results['tcp']:>12.3f}")
-    print(f"{'raw TCP, asyncio streams':<28}{results['tcp_asyncio']:>10.1f}"
-          f"{results['tcp_asyncio'] / results['tcp']:>12.3f}")
-    print(f"{'raw TCP, blocking sockets':<28}{results['tcp']:>10.1f}{1.0:>12.3f}")
+          f"median of {args.rounds} rounds (MiB/s = 2 x size / round time); CPU ms per round by process")
+    rows = [(f"gwtf RPC, libp2p, {k} KiB parts", f"rpc_{k}k") for k in args.part_kib]
+    rows += [("gwtf RPC, direct channel", "rpc_direct"), ("raw TCP, asyncio streams", "tcp_asyncio"),
+             ("raw TCP, blocking sockets", "tcp")]
+    names = list(results["tcp_cpu"])
+    print(f"{'path':<32}{'MiB/s':>8}{'vs raw TCP':>12}" + "".join(f"{n:>14}" for n in names))
+    for label, key in rows:
+        cpu = results[f"{key}_cpu"]
+        print(f"{label:<32}{results[key]:>8.1f}{results[key] / results['tcp']:>12.3f}"
+              + "".join(f"{1000 * cpu[n]:>14.0f}" for n in names))
     print(f"ping RTT median of {args.pings}: RPC {results['rpc_ping_ms']:.2f} ms, "
           f"raw TCP {results['tcp_ping_ms']:.3f} ms")
     if args.json:
@@ -261,7 +318,7 @@ def main() -> None:
     parser.add_argument("--size-mib", type=float, default=16.0)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--pings", type=int, default=50)
-    parser.add_argument("--part-kib", type=int, nargs="+", default=[64, 256, 1024, 2048])
+    parser.add_argument("--part-kib", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--json", action="store_true", help="also print the raw figures as JSON")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("GWTF_BENCH_LOG_LEVEL", "WARNING").upper(),

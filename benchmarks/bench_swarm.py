@@ -32,8 +32,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gwtf_cli.local_swarm import FAST, Daemon, Swarm
 from gwtfp2p.config import RunSpec
+from gwtfp2p.localswarm.processes import FAST, Daemon, Swarm
 
 MIB = 2**20
 
@@ -61,7 +61,7 @@ DEFAULT = [*QUICK, Case("tiny", 2, 2, 8, 4, 64, 12), Case("small", 2, 1, 4, 4, 1
 def harness_tokens_per_s(spec: RunSpec, replicas: int, iterations: int) -> float:
     import torch
 
-    from gwtfp2p.daemon.parts import load_sampler
+    from gwtfp2p.daemon.lifecycle.parts import load_sampler
     from gwtfp2p.model.harness import PipelineHarness
 
     torch.set_num_threads(1)  # as each daemon's compute thread

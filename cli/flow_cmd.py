@@ -16,11 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from gwtfp2p.config import ConfigError, FlowParams
-from gwtfp2p.flow.bus import MessageBus, NetworkModel
-from gwtfp2p.flow.churn import add_relays, remove_relays
 from gwtfp2p.flow.generate import DEFAULT_SHAPES, FamilyShape, generate
 from gwtfp2p.flow.instance import FlowInstance, InstanceError
-from gwtfp2p.flow.oracle import solve as oracle_solve
 
 flow_app = typer.Typer(no_args_is_help=True, help="The decentralized flow algorithm (GWTF) and its oracle.")
 
@@ -70,18 +67,24 @@ def solve(
     """Solve one instance with the decentralized protocol and with the oracle."""
     graph = _instance(family, seed, stages, relays_per_stage, data_holders, supply, instance)
     try:
+        from gwtfp2p.flow.bus import MessageBus, NetworkModel  # the protocol loads when it runs (fast --help)
+
         bus = MessageBus(graph, seed=seed, params=FlowParams(), network=NetworkModel(1, jitter_ticks, loss))
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from exc
     result = bus.run(max_ticks=max_ticks)
     recovery = None
     if churn is not Churn.none:
+        from gwtfp2p.flow.churn import add_relays, remove_relays
+
         change = remove_relays if churn is Churn.remove else add_relays
         changed = change(bus, graph, 0.2, seed)
         recovery = bus.run(max_ticks=max_ticks)
         result = recovery
         if not as_json:
             typer.echo(f"{churn.value}: {', '.join(changed)}", err=True)
+    from gwtfp2p.flow.oracle import solve as oracle_solve  # scipy and networkx: imported when solving
+
     oracle = oracle_solve(bus.instance()).quality
     q = result.quality
     report = {

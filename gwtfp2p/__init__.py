@@ -1,6 +1,6 @@
 """gwtfp2p: churn-tolerant decentralized training of LLMs (GWTF) on volunteer GPUs.
 
-Sub-packages follow DESIGN.md §4: ``flow`` and ``sim`` are pure; ``model`` holds torch code;
+Sub-packages follow docs/architecture.md: ``flow`` and ``sim`` are pure; ``model`` holds torch code;
 ``dht`` and ``transport`` are the only places that talk to hivemind; ``daemon`` runs a node.
 """
 

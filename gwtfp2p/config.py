@@ -1,4 +1,4 @@
-"""Configuration: frozen, validated dataclasses for the flow protocol's parameters.
+"""Configuration shared by every layer: the run spec and the flow protocol's parameters, validated.
 
 Every configuration object is built once, validated in ``__post_init__`` and never mutated.
 Errors are ``ConfigError`` and name the offending flag and how to fix it. This module owns no
@@ -55,9 +55,16 @@ class FlowParams:
     reroute_margin: float = 0.1
     reject_backoff_ticks: int = 3
     gain_epsilon: float = 1e-3
+    iteration_budget_s: float = 0.0
+    """Seconds one iteration may take. With it, a node carries at most as many units as its GPU
+    (``compute_s_per_unit``) and its uplink (``uplink_s_per_unit``) serve in that time, besides
+    what fits in memory; 0 leaves memory (and a holder's supply) as the only bound."""
 
     def __post_init__(self) -> None:
         require_positive(self.tick_s, "--flow-tick-s")
+        require(isinstance(self.iteration_budget_s, (int, float)) and math.isfinite(self.iteration_budget_s)
+                and self.iteration_budget_s >= 0, "--flow-iteration-budget-s",
+                f"must be a finite number of seconds >= 0 (0: memory alone bounds), got {self.iteration_budget_s!r}")
         for name in ("advert_period_ticks", "refresh_period_ticks", "table_period_ticks",
                      "soft_state_ttl_ticks", "outstanding_ttl_ticks", "proposal_timeout_ticks",
                      "request_batch", "reject_backoff_ticks"):
@@ -74,6 +81,26 @@ class FlowParams:
 
 
 MODEL_FAMILIES = ("gpt2", "llama")
+CLIP_MODES = ("global", "per_part")
+WIRE_CODECS = ("none", "float16", "bfloat16", "blockwise8")
+"""How tensors travel between nodes (``gwtfp2p.transport.compression`` encodes them): ``none`` as they
+are; ``float16`` with one power-of-two scale per tensor; ``bfloat16``; ``blockwise8``: int8 values with
+one bfloat16 scale per block of ``BLOCKWISE8_BLOCK_VALUES`` values (absmax)."""
+BLOCKWISE8_BLOCK_VALUES = 64
+FLOAT16_HEADER_BYTES = 4  # the tensor's power-of-two scale (int32) precedes its float16 values
+
+
+def encoded_bytes(codec: str, numel: int, native_bytes: int) -> int:
+    """Bytes of ``numel`` values of ``native_bytes`` each on the wire under ``codec`` (exact, no framing)."""
+    if codec == "none":
+        return numel * native_bytes
+    if codec == "float16":
+        return FLOAT16_HEADER_BYTES + 2 * numel
+    if codec == "bfloat16":
+        return 2 * numel
+    if codec == "blockwise8":
+        return numel + 2 * -(-numel // BLOCKWISE8_BLOCK_VALUES)
+    raise ConfigError(f"--codec: unknown wire codec {codec!r}; choose one of {', '.join(WIRE_CODECS)}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +130,29 @@ class RunSpec:
     dataset: str = ""
     tokenizer: str = "bytes"
     vocab_size: int = 0
+    clip_mode: str = "global"
+    """How ``grad_clip`` bounds the step. ``"global"``: one L2 norm over the whole model's mean
+    gradient (every part's squared norm reaches every part before it steps), as a single process
+    clips. ``"per_part"``: each part (the data holders' head+tail, each stage) is clipped by its own
+    norm, a different training whenever clipping triggers."""
+    forward_codec: str = "none"
+    """How activations travel to the next hop (one of ``WIRE_CODECS``; docs/transport.md). Lossy codecs
+    are deterministic: a resent output is the same bytes, so recovery still redoes at most one hop."""
+    backward_codec: str = "none"
+    """How gradients of activations travel back to the previous hop (one of ``WIRE_CODECS``)."""
+    aggregate_codec: str = "none"
+    """How a replica's gradient sum travels to its part's other replicas (one of ``WIRE_CODECS``).
+    ``none``: the exact int64 fixed-point sum (the swarm steps exactly as one process). A lossy codec
+    rounds each replica's sum once; every replica, the sender included, steps on the sums decoded from
+    the same bytes, so replicas stay bit-identical, but the step then depends on how the microbatches
+    were split over replicas."""
+    screen_factor: float = 64.0
+    """Robust aggregation (docs/security.md): a contribution whose gradient norm per microbatch**0.75 is
+    over this many times the replicas' (lower) median is left out of the step, and with three or more
+    contributions one whose mean gradient points away from the replicas' median too. Honest replicas
+    were measured up to 16.5x apart, but an honest gradient spike can exceed any bound (the demo's
+    iteration 24: one microbatch 350x the others'): then the step is not the single process's. ``0``
+    turns the screen off: every valid agreed contribution is used (exact, for trusted members only)."""
 
     def __post_init__(self) -> None:
         require(self.model_family in MODEL_FAMILIES, "--model-family",
@@ -131,106 +181,10 @@ class RunSpec:
                 "is required with a transformers tokenizer (set it to the tokenizer's length)")
         require(self.tokenizer != "bytes" or self.vocab_size == 0 or self.vocab_size >= 257,
                 "--vocab-size", f"must be 0 or >= 257 with the byte tokenizer, got {self.vocab_size}")
-
-
-NODE_ROLES = ("data", "relay")
-DEVICE_PATTERN = ("cpu", "cuda", "auto")
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    """How one daemon (``gwtf join``) runs: its role, stage, network, device and pacing.
-
-    ``stage`` is None for ``--stage auto`` (a relay picks its stage from the swarm's flow);
-    a data holder always serves stage 0. ``port`` 0 picks a free port. ``capacity`` is the
-    microbatches per iteration a relay can hold (0: the default of 16). ``shard``/``n_shards``
-    name a data holder's slice of the data. ``run_spec_path`` is read by the first data holder
-    of a run (empty: the embedded demo spec). A data holder starts its first iteration once the
-    run has ``min_nodes`` online nodes (itself included). ``checkpoint_dir`` (empty: none) holds
-    this node's local checkpoint of its stage, written every ``checkpoint_every`` steps and restored
-    when it joins a stage that has no live replica. ``replay_steps`` last steps (mean gradients) are
-    kept for joiners whose downloaded state fell behind. Times are seconds.
-    """
-
-    role: str = "relay"
-    stage: int | None = None
-    initial_peers: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = 0
-    announce_maddrs: tuple[str, ...] = ()
-    device: str = "cpu"
-    capacity: int = 0
-    identity_path: str = ""
-    run_spec_path: str = ""
-    location: str = ""
-    location_scale: float = 1.0
-    tick_s: float = 1.0
-    heartbeat_s: float = 5.0
-    shard: int = 0
-    n_shards: int = 1
-    max_iterations: int = 0
-    min_nodes: int = 0
-    torch_threads: int = 1
-    grace_s: float = 10.0
-    default_bandwidth_bytes_per_s: float = 1e9
-    startup_timeout_s: float = 60.0
-    checkpoint_dir: str = ""
-    checkpoint_every: int = 10
-    replay_steps: int = 4
-
-    def __post_init__(self) -> None:
-        require(self.role in NODE_ROLES, "--role", f"must be one of {', '.join(NODE_ROLES)}, got {self.role!r}")
-        if self.role == "data":
-            require(self.stage in (None, 0), "--stage", "a data holder serves stage 0; drop --stage or use 0")
-        else:
-            require(self.stage is None or (isinstance(self.stage, int) and self.stage >= 1), "--stage",
-                    f"a relay serves a stage >= 1 (or 'auto'), got {self.stage!r}")
-        require(self.is_data_holder or bool(self.initial_peers), "--initial-peers",
-                "a relay joins a running swarm: give the address a running node printed (/ip4/.../p2p/...)")
-        require(all(isinstance(p, str) and p.startswith("/") for p in self.initial_peers), "--initial-peers",
-                "each peer is a multiaddr such as /ip4/1.2.3.4/tcp/31337/p2p/12D3KooW...")
-        require(bool(self.host) and " " not in self.host, "--host", "give an IPv4 address such as 0.0.0.0")
-        require(isinstance(self.port, int) and 0 <= self.port <= 65535, "--port",
-                f"must be within 0..65535 (0 picks a free port), got {self.port!r}")
-        require(all(isinstance(a, str) and a.startswith("/") for a in self.announce_maddrs), "--announce",
-                "each address is a multiaddr such as /ip4/203.0.113.7/tcp/31337")
-        require(self.device in DEVICE_PATTERN or self.device.startswith("cuda:"), "--device",
-                f"use cpu, cuda, cuda:N or auto, got {self.device!r}")
-        require(isinstance(self.capacity, int) and self.capacity >= 0, "--capacity",
-                f"must be an integer >= 0 (0: default), got {self.capacity!r}")
-        require(self.location_scale >= 0 and math.isfinite(self.location_scale), "--link-scale",
-                "must be a finite number >= 0 (0 disables the emulated delay)")
-        require_positive(self.tick_s, "--tick-s")
-        require_positive(self.heartbeat_s, "--heartbeat-s")
-        require(isinstance(self.n_shards, int) and self.n_shards >= 1, "--shard",
-                "the shard count must be >= 1, as in --shard 0/2")
-        require(isinstance(self.shard, int) and 0 <= self.shard < self.n_shards, "--shard",
-                f"the shard index must be within 0..{self.n_shards - 1}, as in --shard 1/{self.n_shards}")
-        require(isinstance(self.max_iterations, int) and self.max_iterations >= 0, "--max-iterations",
-                "must be an integer >= 0 (0: train until stopped)")
-        require(isinstance(self.min_nodes, int) and self.min_nodes >= 0, "--min-nodes",
-                "must be an integer >= 0 (0: start as soon as a route exists)")
-        require(self.min_nodes == 0 or self.is_data_holder, "--min-nodes", "only a data holder waits for nodes")
-        require(isinstance(self.torch_threads, int) and self.torch_threads >= 0, "--torch-threads",
-                "must be an integer >= 0 (0: torch's default)")
-        require(self.grace_s >= 0, "--grace-s", "must be >= 0")
-        require_positive(self.default_bandwidth_bytes_per_s, "--bandwidth")
-        require_positive(self.startup_timeout_s, "--startup-timeout-s")
-        require(isinstance(self.checkpoint_every, int) and self.checkpoint_every >= 1, "--checkpoint-every",
-                f"must be an integer >= 1 (steps between checkpoints), got {self.checkpoint_every!r}")
-        require(isinstance(self.replay_steps, int) and self.replay_steps >= 0, "--replay-steps",
-                f"must be an integer >= 0 (steps kept for joiners to replay; 0: none), got {self.replay_steps!r}")
-        require(not self.checkpoint_dir or "\0" not in self.checkpoint_dir, "--checkpoint-dir",
-                "give a directory path (it is created if missing)")
-
-    @property
-    def is_data_holder(self) -> bool:
-        return self.role == "data"
-
-    @property
-    def host_maddrs(self) -> tuple[str, ...]:
-        return (f"/ip4/{self.host}/tcp/{self.port}",)
-
-    @property
-    def relay_capacity(self) -> int:
-        return self.capacity or 16
+        require(self.clip_mode in CLIP_MODES, "--clip-mode",
+                f"must be one of {', '.join(CLIP_MODES)} (global: as a single process clips), got {self.clip_mode!r}")
+        require(self.screen_factor == 0 or self.screen_factor >= 1, "--screen-factor",
+                f"must be 0 (no screen) or >= 1, got {self.screen_factor!r}")
+        for flag, codec in (("--forward-codec", self.forward_codec), ("--backward-codec", self.backward_codec),
+                            ("--aggregate-codec", self.aggregate_codec)):
+            require(codec in WIRE_CODECS, flag, f"must be one of {', '.join(WIRE_CODECS)}, got {codec!r}")

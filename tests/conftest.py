@@ -1,12 +1,17 @@
-"""Test-session wiring shared by every suite: the Hypothesis profile and the retry policy.
+"""Test-session wiring shared by every suite: xdist grouping, the Hypothesis profile, the retry policy.
 
+* pytest-xdist (``make test`` runs it): tests of one module stay on one worker (module fixtures: a
+  wheel build, a shared bootstrap peer), and the hostile-peer suite stays on one worker as a whole
+  (its tests share one honest swarm, a session fixture): each test gets the xdist group of its
+  module, or ``adversarial``; run with ``--dist loadgroup``.
 * One Hypothesis profile, ``gwtf``, loaded whether or not ``CI`` is set, so a property test draws
   the same examples in a developer's shell as in CI (derandomized, no example database, no
   deadline) and prints the blob that reproduces a failure. Hypothesis would otherwise load its
   own ``ci`` profile under ``CI=true`` and a random one elsewhere.
-* Tests of real processes (``tests/integration``) may be retried at most twice
-  (pytest-rerunfailures); every retry is named in the run's closing summary (``-rR``) and each
-  known cause is recorded in docs/testing.md. Unit and simulator tests are never retried.
+* Tests of real processes (``tests/integration``, ``tests/adversarial``, ``tests/packaging``) may
+  be retried at most twice (pytest-rerunfailures); every retry is named in the run's closing
+  summary (``-rR``) and each known cause is recorded in docs/testing.md. Unit and simulator tests
+  are never retried.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 TESTS = Path(__file__).resolve().parent
-INTEGRATION_RERUNS = 2
+REAL_PROCESS_SUITES = ("integration", "adversarial", "packaging")
+REAL_PROCESS_RERUNS = 2
 
 settings.register_profile(
     "gwtf",
@@ -31,7 +37,10 @@ settings.load_profile("gwtf")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    retries = config.pluginmanager.hasplugin("rerunfailures")  # off in a flake hunt: first tries only
     for item in items:
         path = Path(str(item.path)).resolve().relative_to(TESTS)
-        if path.parts[0] == "integration" and item.get_closest_marker("flaky") is None:
-            item.add_marker(pytest.mark.flaky(reruns=INTEGRATION_RERUNS))
+        group = "adversarial" if path.parts[0] == "adversarial" else path.as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+        if retries and path.parts[0] in REAL_PROCESS_SUITES and item.get_closest_marker("flaky") is None:
+            item.add_marker(pytest.mark.flaky(reruns=REAL_PROCESS_RERUNS))

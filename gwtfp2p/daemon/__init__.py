@@ -1,4 +1,9 @@
-"""gwtfp2p.daemon: one node's life (DHT → P2P → model part → serve → leave) and the iteration protocol.
+"""gwtfp2p.daemon: one volunteer node's life and the iteration protocol (docs/daemon.md, docs/architecture.md).
 
-``node.run_node(config, events)`` is the entry point the CLI calls on its uvloop; see docs/daemon.md.
+Subpackages, in the order a node builds them: ``swarm`` (the DHT view, the one failure detector, links
+and transfers, the flow driver, placement), ``aggregation`` (membership, replica agreement and step,
+joining, checkpoints), ``datapath`` (the receive side, the outbox and recovery, relay and data-holder
+work, the iteration driver), ``lifecycle`` (start, serve, leave, shut down; the RPC inbox).
+Beside them: ``config`` (every setting), ``timeouts`` (every deadline), ``wire`` (every message),
+``testing`` (crash and delay points for tests). ``lifecycle.node.run_node`` is what ``gwtf join`` runs.
 """

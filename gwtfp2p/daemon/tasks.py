@@ -29,6 +29,11 @@ class Background:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    async def join(self) -> None:
+        """Wait until every task spawned so far (and those they spawn meanwhile) has finished."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def close(self) -> None:
         tasks = list(self._tasks)
         for task in tasks:

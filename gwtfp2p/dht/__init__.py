@@ -1,4 +1,4 @@
-"""gwtfp2p.dht: versioned wire records and the asyncio facade over hivemind's DHT (DESIGN.md §4).
+"""gwtfp2p.dht: versioned wire records and the asyncio facade over hivemind's DHT (docs/architecture.md).
 
 ``records`` holds the pydantic records (no hivemind); ``swarm_dht`` is the only module that talks to
 ``hivemind.DHT``. Names from ``swarm_dht``/``hivemind_log`` are imported lazily, so that reading

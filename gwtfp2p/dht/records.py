@@ -8,28 +8,38 @@ under hivemind's 16 KiB argument limit (``MAX_RECORD_BYTES``). This module owns 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gwtfp2p.config import RunSpec
+from gwtfp2p.ids import PeerId
 
 RECORD_VERSION = 1
-MAX_RECORD_BYTES = 12 * 1024  # hard cap of one encoded record; a worst-case valid NodeRecord fits
+MAX_RECORD_BYTES = 12800  # hard cap of one encoded record (a worst-case valid NodeRecord fits; sealed < 14 KB)
 MAX_LINKS = 32  # neighbours with RTT/bandwidth figures in one node record
 MAX_ROUTES = 32  # routing-summary entries in one node record
 MAX_MADDRS = 6
+MAX_EXCLUDED = 3  # peers a node excluded for misbehaviour, shown in its record
 MAX_STAGE = 1024
 RUN_ID_HEX_CHARS = 16
+MAX_RECENT_HASHES = 16  # (iteration, state hash) pairs in one node record
+RECENT_STEPS = 8  # of them: the last steps in a row ...
+HASH_ANCHOR_STRIDE = 8  # ... and the latest iterations that are multiples of this (see ``pick_recent_hashes``)
+HASH_HISTORY_STEPS = 72  # steps a node keeps to choose from: its 8th latest multiple of 8 is at most 71 back
 
-PeerIdStr = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
-"""A libp2p peer id in base58 (``12D3KooW…`` or ``Qm…``)."""
 RunIdStr = Annotated[str, Field(pattern=rf"^[0-9a-f]{{{RUN_ID_HEX_CHARS}}}$")]
 Maddr = Annotated[str, Field(min_length=2, max_length=160, pattern=r"^/[\x21-\x7e]+$")]
 NonNegFloat = Annotated[float, Field(ge=0.0, le=1e15)]
 Location = Annotated[str, Field(max_length=32, pattern=r"^[A-Za-z0-9_-]*$")]
+Iteration = Annotated[int, Field(ge=0, le=2**53)]
+StateHash = Annotated[str, Field(max_length=64, pattern=r"^[0-9a-f]*$")]
+StepHash = Annotated[str, Field(min_length=1, max_length=16, pattern=r"^[0-9a-f]*$")]  # a part's state hash
+PublicKeyB64 = Annotated[str, Field(max_length=1400, pattern=r"^[A-Za-z0-9+/]*={0,2}$")]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 # JSON input is parsed in JSON mode, where strict still accepts arrays for tuples.
@@ -56,7 +66,7 @@ class RunSpecRecord(BaseModel):
 
     version: Literal[1] = RECORD_VERSION
     spec: RunSpec
-    published_by: PeerIdStr | None = None
+    published_by: PeerId | None = None
 
     @classmethod
     def from_spec(cls, spec: RunSpec, published_by: str | None = None) -> RunSpecRecord:
@@ -84,9 +94,18 @@ class RouteSummary(BaseModel):
 
     model_config = _STRICT
 
-    next_peer: PeerIdStr
-    sink: PeerIdStr
+    next_peer: PeerId
+    sink: PeerId
     units: Annotated[int, Field(ge=0, le=1_000_000)]
+
+
+class ExcludedPeer(BaseModel):
+    """A peer this node excluded for misbehaviour (``daemon/swarm/exclusions.py``), and the evidence."""
+
+    model_config = _STRICT
+
+    peer: PeerId
+    reason: Annotated[str, Field(max_length=96)]
 
 
 class NodeRecord(BaseModel):
@@ -96,35 +115,86 @@ class NodeRecord(BaseModel):
 
     version: Literal[1] = RECORD_VERSION
     run_id: RunIdStr
-    peer_id: PeerIdStr
+    peer_id: PeerId
     role: Literal["data", "relay"]
     stage: Annotated[int, Field(ge=0, le=MAX_STAGE)]
     state: Literal["joining", "online", "leaving"]
     capacity: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     compute_s: Annotated[float, Field(ge=0.0, le=86_400.0)] = 0.0
     maddrs: Annotated[tuple[Maddr, ...], Field(max_length=MAX_MADDRS)] = ()
-    iteration: Annotated[int, Field(ge=0, le=2**53)] = 0
+    iteration: Iteration = 0
     location: Location = ""
-    links: Annotated[dict[PeerIdStr, LinkStats], Field(max_length=MAX_LINKS)] = Field(default_factory=dict)
+    links: Annotated[dict[PeerId, LinkStats], Field(max_length=MAX_LINKS)] = Field(default_factory=dict)
     routing: Annotated[tuple[RouteSummary, ...], Field(max_length=MAX_ROUTES)] = ()
-    weight_hash: Annotated[str, Field(max_length=64, pattern=r"^[0-9a-f]*$")] = ""
+    weight_hash: StateHash = ""
+    recent_hashes: Annotated[tuple[tuple[Iteration, StepHash], ...], Field(max_length=MAX_RECENT_HASHES)] = ()
+    """(iteration, state hash after the step of that iteration), iterations strictly increasing; chosen
+    by ``pick_recent_hashes`` so that replicas whose records are a few steps apart share an iteration.
+    Records of daemons that predate the field parse with it empty."""
     loss: Annotated[float, Field(ge=-1e6, le=1e6)] | None = None
     tokens_per_s: NonNegFloat = 0.0
     updated_at: Annotated[float, Field(ge=0.0, le=1e11)] = 0.0
+    excluded: Annotated[tuple[ExcludedPeer, ...], Field(max_length=MAX_EXCLUDED)] = ()
+    """The latest peers this node excluded (a liar caught by a cross-check, a hop that delivers nothing)."""
+    public_key: PublicKeyB64 = ""
+    """The node's identity public key (base64 libp2p protobuf), as the signature of its stored record
+    proved it: filled in by the reader (``SwarmDHT.read_nodes``), never stored (empty on the wire)."""
 
     @model_validator(mode="after")
-    def _role_matches_stage(self) -> NodeRecord:
+    def _consistent(self) -> NodeRecord:
         if self.role == "data" and self.stage != 0:
             raise ValueError(f"a data holder serves stage 0, got stage {self.stage}")
         if self.role == "relay" and self.stage < 1:
             raise ValueError("a relay serves a stage >= 1")
+        iterations = [iteration for iteration, _ in self.recent_hashes]
+        if any(b <= a for a, b in itertools.pairwise(iterations)):
+            raise ValueError("recent_hashes: iterations must be strictly increasing")
+        if any(not h for _, h in self.recent_hashes):
+            raise ValueError("recent_hashes: empty state hash")
         return self
 
 
-RecordT = TypeVar("RecordT", RunSpecRecord, NodeRecord)
+MAX_ADMITTED = 200  # peers a permissioned run's creator admits (one record: ~10 KB)
 
 
-def encode_record(record: RunSpecRecord | NodeRecord) -> bytes:
+class AdmittedRecord(BaseModel):
+    """A permissioned run's admitted peers, as its creator publishes them (``gwtf/<run_id>/admitted``)."""
+
+    model_config = _STRICT
+
+    version: Literal[1] = RECORD_VERSION
+    run_id: RunIdStr
+    peers: Annotated[tuple[PeerId, ...], Field(max_length=MAX_ADMITTED)]
+
+
+def parse_admitted_record(raw: object) -> AdmittedRecord:
+    """Parse an encoded admitted-peers record or raise ``RecordError``."""
+    return _parse(AdmittedRecord, raw)
+
+
+def pick_recent_hashes(history: Sequence[tuple[int, str]]) -> tuple[tuple[int, str], ...]:
+    """The ``recent_hashes`` of a record from a node's last steps (``history``: (iteration, hash) in
+    step order, up to ``HASH_HISTORY_STEPS`` of them): the last ``RECENT_STEPS`` steps, then the latest
+    iterations that are multiples of ``HASH_ANCHOR_STRIDE``, then the latest others, ``MAX_RECENT_HASHES`` in all.
+
+    Two replicas stepping in lock-step whose latest iterations differ by at most 64 (records published
+    at different moments) then share at least one iteration: the latest multiple of 8 of the one behind
+    (at most 7 back) is among the multiples of 8 the one ahead keeps (up to 71 back).
+    """
+    steps = sorted((i, h) for i, h in dict(history).items() if h)[-HASH_HISTORY_STEPS:]
+    chosen = {i for i, _ in steps[-RECENT_STEPS:]}
+    older = [i for i, _ in reversed(steps[:-RECENT_STEPS])]
+    for iteration in [i for i in older if i % HASH_ANCHOR_STRIDE == 0] + [i for i in older if i % HASH_ANCHOR_STRIDE]:
+        if len(chosen) >= MAX_RECENT_HASHES:
+            break
+        chosen.add(iteration)
+    return tuple((i, h) for i, h in steps if i in chosen)
+
+
+RecordT = TypeVar("RecordT", RunSpecRecord, NodeRecord, AdmittedRecord)
+
+
+def encode_record(record: RunSpecRecord | NodeRecord | AdmittedRecord) -> bytes:
     """Encode a record as compact JSON bytes; ``RecordError`` if it exceeds ``MAX_RECORD_BYTES``."""
     raw = record.model_dump_json().encode()
     if len(raw) > MAX_RECORD_BYTES:

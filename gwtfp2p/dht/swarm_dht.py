@@ -2,13 +2,16 @@
 
 hivemind's DHT runs in a forked child process (its p2pd is a grandchild); every call here goes
 through ``return_future=True`` and is awaited with a timeout, so the event loop never blocks.
-Owns: start/join/shutdown, publishing and reading run-spec and node records. Record formats are in
-``records.py``; RPCs over the shared libp2p daemon are the transport's business (``replicate_p2p``).
+Owns: start/join/shutdown, publishing and reading run-spec and node records. Every value is sealed
+(signed by this node's identity key and bound to its key, subkey and expiration, ``sealed.py``) and
+every node validates what it stores and reads (``validator.py``). Record formats are in ``records.py``;
+RPCs over the shared libp2p daemon are the transport's business (``replicate_p2p``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import ctypes
@@ -17,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,21 +29,31 @@ from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 
+from gwtfp2p.dht.diagnose import diagnose_peers
 from gwtfp2p.dht.errors import BootstrapError, DHTClosed, DHTError, DHTStartError, DHTTimeout
 from gwtfp2p.dht.hivemind_log import route_hivemind_logs
+from gwtfp2p.dht.identity import IdentityError, NodeKey
+from gwtfp2p.dht.p2pd_options import RelayOptions, extra_p2pd_args
+from gwtfp2p.dht.probe import start_error
 from gwtfp2p.dht.records import (
+    MAX_ADMITTED,
+    AdmittedRecord,
     NodeRecord,
-    RecordError,
     RunSpecRecord,
     encode_record,
+    parse_admitted_record,
     parse_node_record,
     parse_run_spec_record,
 )
+from gwtfp2p.dht.rejoin import rejoin_peers
+from gwtfp2p.dht.run_choice import choose_run
+from gwtfp2p.dht.sealed import CURRENT_RUN_KEY, Sealed, open_entries, seal
+from gwtfp2p.dht.validator import SealedValueValidator
 
 logger = logging.getLogger(__name__)
 
-CURRENT_RUN_KEY = "gwtf/current-run"
 LOOPBACK_MADDRS = ("/ip4/127.0.0.1/tcp/0",)
+MAX_RUNS_EXAMINED = 8  # runs under gwtf/current-run whose members are read to choose one
 _PR_SET_PDEATHSIG = 1
 
 
@@ -49,6 +63,10 @@ def spec_key(run_id: str) -> str:
 
 def nodes_key(run_id: str) -> str:
     return f"gwtf/{run_id}/nodes"
+
+
+def admitted_key(run_id: str) -> str:
+    return f"gwtf/{run_id}/admitted"
 
 
 def _check_maddrs(maddrs: Sequence[str], flag: str) -> list[str]:
@@ -86,26 +104,41 @@ async def _peer_id(_dht: DHT, node: Any) -> str:
     return node.peer_id.to_base58()
 
 
-def _start_error(e: BaseException, initial_peers: Sequence[str]) -> DHTError:
+def _read_key(path: str) -> NodeKey | None:
+    """The identity key p2pd was started with (hivemind wrote the file if it was missing)."""
+    try:
+        return NodeKey.load(path)
+    except IdentityError as e:
+        logger.debug("no usable identity key at %s: %s", path, e)
+        return None
+
+
+async def _start_error(e: BaseException, initial_peers: Sequence[str]) -> DHTError:
     text = str(e)
     if "failed to connect to bootstrap peers" in text or "bootstrap failed" in text:
-        return BootstrapError(f"none of the initial peers answered ({', '.join(initial_peers)}); check "
-                              f"--initial-peers (address, port, /p2p/ id) and that the peer is running")
-    if "address already in use" in text:
-        return DHTStartError(f"the listen port is taken: {text.splitlines()[-1]}; "
-                             f"pick another port in --host-maddrs or stop the other process")
+        lines = await diagnose_peers(initial_peers)
+        return BootstrapError("none of the initial peers answered; tried " + "; ".join(lines)
+                              + ". Check --initial-peers (address, port, /p2p/ id) and that the peer runs")
     if "already taken" in text:
         return DHTStartError(f"{text}; another running node uses this identity file (--identity)")
-    return DHTStartError(f"the DHT failed to start: {text}")
+    return start_error(text)
+
+
+def _peer_ids(maddrs: Sequence[str]) -> tuple[str, ...]:
+    return tuple(m.rsplit("/p2p/", 1)[1] for m in maddrs if "/p2p/" in m)
 
 
 class SwarmDHT:
     """Async handle on one hivemind DHT node; create with ``await SwarmDHT.create(...)``."""
 
-    def __init__(self, dht: DHT, peer_id: str, call_timeout_s: float):
+    def __init__(self, dht: DHT, peer_id: str, call_timeout_s: float, node_key: NodeKey | None = None,
+                 verify_signatures: bool = True, initial_peer_ids: tuple[str, ...] = ()):
         self._dht = dht
         self.peer_id = peer_id
         self.call_timeout_s = call_timeout_s
+        self.node_key = node_key  # this node's identity key: it seals every value we store
+        self.verify_signatures = verify_signatures
+        self.initial_peer_ids = initial_peer_ids  # whose run we join when the DHT holds several
         self._p2p: P2P | None = None
         self._last_expiration: dict[tuple[str, str | None], float] = {}
         self._closed = False
@@ -121,23 +154,39 @@ class SwarmDHT:
         client_mode: bool = False,
         startup_timeout_s: float = 30.0,
         call_timeout_s: float = 10.0,
+        verify_signatures: bool = True,
+        relay: RelayOptions | None = None,
+        check_identity_free: bool = True,
     ) -> SwarmDHT:
         """Start a DHT node (a new swarm if ``initial_peers`` is empty, else join through them).
 
         Raises ``BootstrapError`` when no initial peer answers, ``DHTStartError`` for local problems
         (port taken, bad multiaddr, identity in use) and ``DHTTimeout`` past ``startup_timeout_s``.
-        Create it before starting threads or initializing CUDA: the DHT process is forked.
+        Create it before starting threads or initializing CUDA: the DHT process is forked. Without
+        ``identity_path`` the node gets a fresh identity key (a file in a temporary directory that is
+        removed once p2pd read it): the key signs every value this node stores. ``verify_signatures``
+        False (signatures off, to measure their cost) must be the same on every node of a swarm.
+        ``relay`` says how p2pd relays (``p2pd_options.RelayOptions``: a public node relays for others, a
+        relayed one is reached through reachable peers); ``check_identity_free`` False skips hivemind's
+        extra p2pd that asks the initial peers whether the identity is in use (a key we hold locked).
         """
         route_hivemind_logs()
         peers = _check_maddrs(initial_peers, "--initial-peers")
         kwargs: dict[str, Any] = dict(host_maddrs=_check_maddrs(host_maddrs, "--host-maddrs"),
                                       client_mode=client_mode, startup_timeout=startup_timeout_s)
         if announce_maddrs:
-            kwargs["announce_maddrs"] = _check_maddrs(announce_maddrs, "--announce-maddrs")
-        if identity_path is not None:
-            kwargs["identity_path"] = identity_path
-        dht = DHT(initial_peers=peers or None, start=False, await_ready=False, **kwargs)
-        dht.run_in_background(await_ready=False)
+            kwargs["announce_maddrs"] = _check_maddrs(announce_maddrs, "--announce")
+        relay = relay or RelayOptions()
+        scratch = None if identity_path is not None else tempfile.TemporaryDirectory(prefix="gwtf-identity-")
+        # a fresh key cannot be in use anywhere: skip hivemind's extra p2pd that asks (≈ 1 s of start-up)
+        kwargs.update(relay.hivemind_kwargs(), check_if_identity_free=check_identity_free and scratch is None)
+        kwargs["client_mode"] = kwargs["client_mode"] or client_mode
+        kwargs["identity_path"] = identity_path if scratch is None else os.path.join(scratch.name, "identity.key")
+        validator = SealedValueValidator(verify_signatures)
+        dht = DHT(initial_peers=peers or None, start=False, await_ready=False, record_validators=[validator],
+                  **kwargs)
+        with extra_p2pd_args(relay):  # the DHT process forks with them, and starts its p2pd with them
+            dht.run_in_background(await_ready=False)
         try:
             await asyncio.wait_for(asyncio.to_thread(dht.wait_until_ready, startup_timeout_s + 1.0),
                                    startup_timeout_s + 2.0)
@@ -146,11 +195,19 @@ class SwarmDHT:
             raise DHTTimeout(f"the DHT did not start within {startup_timeout_s:.0f} s") from e
         except Exception as e:
             await asyncio.to_thread(dht.shutdown)
-            raise _start_error(e, peers) from e
-        node = cls(dht, peer_id="", call_timeout_s=call_timeout_s)
+            raise await _start_error(e, peers) from e
+        finally:
+            key = _read_key(kwargs["identity_path"])
+            if scratch is not None:
+                scratch.cleanup()
+        node = cls(dht, peer_id="", call_timeout_s=call_timeout_s, node_key=key,
+                   verify_signatures=verify_signatures, initial_peer_ids=_peer_ids(peers))
         try:
             node.peer_id = await node._run(_peer_id)
             await node._run(_arm_parent_death_signal, parent_pid=os.getpid())
+            if key is None or key.peer_id != node.peer_id:
+                raise DHTStartError(f"the identity key does not match this node's peer id {node.peer_id}; "
+                                    "check --identity (a libp2p RSA or Ed25519 private-key file)")
         except DHTError:
             await node.shutdown()
             raise
@@ -179,15 +236,18 @@ class SwarmDHT:
 
     async def store(self, key: str, value: bytes, expiration_time: float, subkey: str | None = None,
                     timeout_s: float | None = None) -> bool:
-        """Store raw bytes; True if at least one DHT peer (maybe only this one) accepted the value.
+        """Store bytes, sealed by this node (``sealed.seal``); True if at least one DHT peer (maybe only
+        this one) accepted the value. Peers refuse values that break gwtf's ownership rules.
 
         An entry is replaced only by one with a later expiration; this method never goes backwards.
         """
         self._check_open("store")
         previous = self._last_expiration.get((key, subkey), 0.0)
         expiration_time = max(expiration_time, previous + 1e-3)
+        signer = self.node_key if self.verify_signatures else None
+        sealed = seal(signer, key, subkey or "", expiration_time, value)
         try:
-            future = self._dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
+            future = self._dht.store(key, sealed, expiration_time, subkey=subkey, return_future=True)
         except (BrokenPipeError, OSError) as e:
             raise DHTClosed(f"the DHT process is gone ({e!r})") from e
         ok = bool(await self._await(future, f"store {key!r}", timeout_s))
@@ -196,7 +256,7 @@ class SwarmDHT:
         return ok
 
     async def get(self, key: str, latest: bool = True, timeout_s: float | None = None) -> Any:
-        """Raw ``ValueWithExpiration`` (or None) stored under ``key``."""
+        """Raw ``ValueWithExpiration`` (or None) stored under ``key``: sealed values (``opened`` opens them)."""
         self._check_open("get")
         try:
             future = self._dht.get(key, latest=latest, return_future=True)
@@ -212,29 +272,50 @@ class SwarmDHT:
 
     async def publish_run_spec(self, record: RunSpecRecord, *, ttl_s: float, current: bool = True,
                                timeout_s: float | None = None) -> bool:
-        """Publish the spec under ``gwtf/<run_id>/spec`` (and ``gwtf/current-run`` if ``current``)."""
+        """Publish the spec under ``gwtf/<run_id>/spec`` (and ``gwtf/current-run`` if ``current``), each
+        under our own subkey: the record must be published by this node."""
+        if record.published_by != self.peer_id:
+            raise ValueError(f"record.published_by {record.published_by} is not this node ({self.peer_id})")
         raw = encode_record(record)
         expiration = get_dht_time() + ttl_s
-        ok = await self.store(spec_key(record.run_id), raw, expiration, timeout_s=timeout_s)
+        ok = await self.store(spec_key(record.run_id), raw, expiration, subkey=self.peer_id, timeout_s=timeout_s)
         if current:
-            ok = await self.store(CURRENT_RUN_KEY, raw, expiration, timeout_s=timeout_s) and ok
+            ok = await self.store(CURRENT_RUN_KEY, raw, expiration, subkey=self.peer_id, timeout_s=timeout_s) and ok
         return ok
 
+    async def _entries(self, key: str, timeout_s: float | None) -> dict[str, Sealed]:
+        """The valid sealed entries under ``key`` by subkey (forged, garbage or misplaced ones dropped)."""
+        found = await self.get(key, timeout_s=timeout_s)
+        return {} if found is None else open_entries(found.value, key, verify_signature=self.verify_signatures)
+
     async def read_run_spec(self, run_id: str, timeout_s: float | None = None) -> RunSpecRecord | None:
-        """The spec of run ``run_id``, or None if absent; ``RecordError`` if stored but invalid."""
-        found = await self.get(spec_key(run_id), timeout_s=timeout_s)
-        if found is None:
-            return None
-        record = parse_run_spec_record(found.value)
-        if record.run_id != run_id:
-            raise RecordError(f"the spec stored for run {run_id} hashes to {record.run_id} "
-                              f"(a different gwtf version?)")
-        return record
+        """The spec of run ``run_id`` (as any of its publishers signed it), or None if absent."""
+        for sealed in (await self._entries(spec_key(run_id), timeout_s)).values():
+            return parse_run_spec_record(sealed.payload)
+        return None
 
     async def read_current_run(self, timeout_s: float | None = None) -> RunSpecRecord | None:
-        """The most recently published run spec (``gwtf/current-run``), or None."""
-        found = await self.get(CURRENT_RUN_KEY, timeout_s=timeout_s)
-        return None if found is None else parse_run_spec_record(found.value)
+        """The run to join (``gwtf/current-run``), or None. Anyone may publish a run there; when several
+        are, ``run_choice.choose_run`` picks the one our initial peers belong to."""
+        runs = {s.signer: parse_run_spec_record(s.payload) for s in (await self._entries(CURRENT_RUN_KEY,
+                                                                                      timeout_s)).values()}
+        members: dict[str, set[str]] = {}
+        if len({r.run_id for r in runs.values()}) > 1:
+            for run_id in sorted({r.run_id for r in runs.values()})[:MAX_RUNS_EXAMINED]:
+                members[run_id] = set(await self.read_nodes(run_id, timeout_s))
+        return choose_run(runs, members, self.initial_peer_ids)
+
+    async def publish_admitted(self, run_id: str, peers: Sequence[str], *, ttl_s: float,
+                               timeout_s: float | None = None) -> bool:
+        """Publish the peers this node (a permissioned run's creator) admits, under its own subkey."""
+        record = AdmittedRecord(run_id=run_id, peers=tuple(sorted(set(peers)))[:MAX_ADMITTED])
+        return await self.store(admitted_key(run_id), encode_record(record), get_dht_time() + ttl_s,
+                                subkey=self.peer_id, timeout_s=timeout_s)
+
+    async def read_admitted(self, run_id: str, creator: str, timeout_s: float | None = None) -> frozenset[str] | None:
+        """The peers ``creator`` admits to run ``run_id`` (None: it published no list)."""
+        sealed = (await self._entries(admitted_key(run_id), timeout_s)).get(creator)
+        return None if sealed is None else frozenset(parse_admitted_record(sealed.payload).peers)
 
     # ----- node records -----
 
@@ -245,6 +326,7 @@ class SwarmDHT:
             raise ValueError(f"record.peer_id {record.peer_id} is not this node ({self.peer_id})")
         if record.updated_at == 0.0:
             record = record.model_copy(update={"updated_at": get_dht_time()})
+        record = record.model_copy(update={"public_key": ""})  # readers take it from the signature
         expiration = get_dht_time() + 2.0 * heartbeat_s
         return await self.store(nodes_key(record.run_id), encode_record(record), expiration,
                                 subkey=self.peer_id, timeout_s=timeout_s)
@@ -256,23 +338,10 @@ class SwarmDHT:
         return await self.publish_node(leaving, heartbeat_s=heartbeat_s, timeout_s=timeout_s)
 
     async def read_nodes(self, run_id: str, timeout_s: float | None = None) -> dict[str, NodeRecord]:
-        """All live node records of a run by peer id; invalid or spoofed entries are dropped."""
-        found = await self.get(nodes_key(run_id), timeout_s=timeout_s)
-        if found is None or not isinstance(found.value, dict):
-            return {}
-        nodes: dict[str, NodeRecord] = {}
-        for subkey, entry in found.value.items():
-            try:
-                record = parse_node_record(getattr(entry, "value", None))
-            except RecordError as e:
-                logger.debug("dropping node record under %r: %s", subkey, e)
-                continue
-            if record.peer_id != subkey or record.run_id != run_id:
-                logger.debug("dropping node record of %s stored under %r for run %s", record.peer_id,
-                             subkey, run_id)
-                continue
-            nodes[record.peer_id] = record
-        return nodes
+        """All live node records of a run by peer id; invalid, forged or misplaced entries are dropped."""
+        entries = await self._entries(nodes_key(run_id), timeout_s)
+        return {peer: parse_node_record(sealed.payload).model_copy(
+            update={"public_key": base64.b64encode(sealed.public_key).decode()}) for peer, sealed in entries.items()}
 
     # ----- P2P and lifecycle -----
 
@@ -286,6 +355,13 @@ class SwarmDHT:
             except asyncio.TimeoutError as e:
                 raise DHTTimeout("connecting to the DHT's p2p daemon timed out") from e
         return self._p2p
+
+    async def rejoin(self, maddrs: Sequence[str], timeout_s: float = 5.0) -> int:
+        """After an outage: dial these peers (``.../p2p/<id>``) and add them back to the DHT's routing
+        table (``rejoin.py``); the number that answered."""
+        answered = await self._run(rejoin_peers, 2 * timeout_s + 2.0, maddrs=list(maddrs)[:32],
+                                   dial_timeout_s=timeout_s)
+        return int(answered)
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the DHT process and its p2pd; idempotent."""

@@ -1,1 +1,1 @@
-"""gwtfp2p.flow (see DESIGN.md §4 and docs/architecture.md)."""
+"""gwtfp2p.flow (see docs/architecture.md)."""

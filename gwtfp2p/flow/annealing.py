@@ -63,7 +63,7 @@ class Annealer:
             units.append(TableUnit(unit.edge_id, unit.prev, out.edge_id, out.next, out.sink,
                                    in_cost, out_cost, unit.up_cost, out.down_cost))
         costs = tuple((n.node_id, n.cost) for n in c.next_neighbours() + c.prev_neighbours())
-        return FlowTable(c.node_id, c.spare(), tuple(units), costs)
+        return FlowTable(c.node_id, c.spare(), tuple(units), costs, c.load(), c.resources.uplink_s_per_unit)
 
     def on_table(self, msg: FlowTable) -> None:
         neighbour = self.core.neighbours.get(msg.sender)
@@ -171,13 +171,14 @@ class Annealer:
         if c.spare() < 1:
             return None
         weight = c.params.max_path_weight
+        uplink = table.uplink_s_per_unit * (table.load - 1) - c.marginal_cost()  # the peer's wait saved
         best, best_gain = None, -math.inf
         for u in table.units:
             my_in, my_out = c.cost_to(u.prev), c.cost_to(u.next)
             if my_in is None or my_out is None:
                 continue
             old = u.up_cost + u.down_cost
-            gain = gain1(old, old + my_in + my_out - u.in_cost - u.out_cost, weight)
+            gain = gain1(old, old + my_in + my_out - u.in_cost - u.out_cost, weight) + uplink
             if gain > best_gain:
                 best, best_gain = (u, my_in, my_out), gain
         if best is None:

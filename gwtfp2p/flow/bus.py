@@ -18,6 +18,7 @@ from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.check import Snapshot, check_invariants, follow_chains
 from gwtfp2p.flow.evaluate import RoutingQuality, evaluate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
+from gwtfp2p.flow.load import NodeResources
 from gwtfp2p.flow.messages import Envelope
 from gwtfp2p.flow.node import FlowNode
 from gwtfp2p.flow.wire import decode_message, encode_message
@@ -76,7 +77,8 @@ class MessageBus:
         for other, cost in (edge_costs or {}).items():
             self.edge_costs[edge_key(spec.node_id, other)] = cost
         node = FlowNode(spec.node_id, spec.stage, self.n_stages, capacity=spec.capacity, supply=spec.supply,
-                        params=self.params, rng=random.Random(f"{self.seed}:{spec.node_id}"))
+                        params=self.params, rng=random.Random(f"{self.seed}:{spec.node_id}"),
+                        resources=NodeResources(uplink_s_per_unit=spec.uplink_s_per_unit))
         self.nodes[spec.node_id] = node
         self.specs[spec.node_id] = spec
         for other_id in sorted(self.nodes):

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from gwtfp2p.config import FlowParams
+from gwtfp2p.flow.load import NodeResources, marginal_cost_s
 from gwtfp2p.flow.messages import (
     Advert,
     BackwardEntry,
@@ -88,13 +89,16 @@ class NodeCore:
     """Identity, neighbours, units and the outbox of one flow node."""
 
     def __init__(self, node_id: str, stage: int, n_stages: int, *, capacity: int, supply: int,
-                 params: FlowParams, rng: random.Random) -> None:
+                 params: FlowParams, rng: random.Random, resources: NodeResources | None = None) -> None:
         self.node_id = node_id
         self.stage = stage
         self.n_stages = n_stages
-        self.capacity = capacity
-        self.supply = supply
         self.params = params
+        self.resources = resources or NodeResources()
+        self.memory_capacity = capacity  # units that fit in memory (a holder: units it wants)
+        self.wanted = supply
+        self.capacity = self.resources.capacity(capacity, params.iteration_budget_s)
+        self.supply = self.resources.capacity(supply, params.iteration_budget_s)
         self.rng = rng
         self.now = 0
         self.neighbours: dict[str, Neighbour] = {}
@@ -164,6 +168,25 @@ class NodeCore:
         return (self.now + self.phase) % period_ticks == 0
 
     # -- capacity ------------------------------------------------------------------------
+    def set_resources(self, resources: NodeResources) -> None:
+        """New per-unit times: the time-bounded capacity and supply are recomputed."""
+        self.resources = resources
+        self.set_bounds(self.memory_capacity, self.wanted)
+
+    def set_bounds(self, memory_capacity: int, supply: int) -> None:
+        budget = self.params.iteration_budget_s
+        self.memory_capacity, self.wanted = max(0, memory_capacity), max(0, supply)
+        self.capacity = self.resources.capacity(self.memory_capacity, budget)
+        self.supply = self.resources.capacity(self.wanted, budget)
+
+    def load(self) -> int:
+        """Units this node carries (or has promised to): its uplink's load."""
+        return len(self.outs) if self.is_data_holder else len(self.ins) + self.reserved
+
+    def marginal_cost(self) -> float:
+        """What one more unit through this node waits on its uplink (0 without an uplink model)."""
+        return marginal_cost_s(self.resources.uplink_s_per_unit, self.load())
+
     def spare(self) -> int:
         if self.is_data_holder:
             return max(1, self.supply)
@@ -286,6 +309,7 @@ class NodeCore:
             return Advert(self.node_id, ((self.node_id, 0.0),), self.spare())
         sinks = sorted({s for n in self.next_neighbours() for s in n.advert})
         full = self.spare() <= 0
+        extra = self.marginal_cost()
         costs = []
         for sink in sinks:
             best = INF
@@ -293,5 +317,5 @@ class NodeCore:
                 for n in self.next_neighbours():
                     if n.spare > 0 and n.advert.get(sink, INF) < INF:
                         best = min(best, n.cost + n.advert[sink])
-            costs.append((sink, best))
+            costs.append((sink, best + extra))
         return Advert(self.node_id, tuple(costs), self.spare())

@@ -2,8 +2,9 @@
 
 A routing is a list of paths (dh, r1, …, rS, dh). The evaluator checks every path against the
 instance (stages in order, edges exist, the same data holder at both ends, capacities and
-supplies respected) and reports the objective the protocol optimizes. It is a global view and
-is used only by tests, the oracle, the bus and the simulator, never by a FlowNode.
+supplies respected) and reports the objective the protocol optimizes: edge costs plus, at each
+node with a shared uplink, the wait behind the other units it carries (load.py). It is a global
+view, used only by tests, the oracle, the bus and the simulator, never by a FlowNode.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gwtfp2p.flow.instance import FlowInstance
+from gwtfp2p.flow.load import congestion_cost_s
 
 Path = tuple[str, ...]
 
@@ -36,7 +38,7 @@ class RoutingQuality:
 
 
 def path_cost(instance: FlowInstance, path: Path) -> float:
-    """Sum of edge costs along ``path``; raises RoutingError if an edge is missing."""
+    """Sum of edge costs along ``path`` (no uplink waits); raises RoutingError if an edge is missing."""
     total = 0.0
     for a, b in itertools.pairwise(path):
         cost = instance.cost(a, b)
@@ -75,9 +77,28 @@ def check_routing(instance: FlowInstance, paths: Sequence[Path]) -> None:
             raise RoutingError(f"{node_id} carries {units} units, limit {limit}")
 
 
+def loads(paths: Sequence[Path]) -> Counter[str]:
+    """Units each node carries (a data holder counts the units it sends)."""
+    load: Counter[str] = Counter()
+    for path in paths:
+        load.update(path[:-1])
+    return load
+
+
+def congestion_cost(instance: FlowInstance, paths: Sequence[Path]) -> float:
+    """Total uplink wait of a routing: each node's ``congestion_cost_s`` at its load."""
+    return sum(congestion_cost_s(instance.node(n).uplink_s_per_unit, k) for n, k in loads(paths).items())
+
+
 def evaluate(instance: FlowInstance, paths: Sequence[Path], *, check: bool = True) -> RoutingQuality:
-    """Flow value, total cost and maximum path cost of ``paths``."""
+    """Flow value, total cost and maximum path cost of ``paths``.
+
+    A path's cost is its edges plus, at each node on it, its share of the uplink wait there:
+    ``uplink_s_per_unit × (load − 1) / 2``, so the path costs sum to edges + congestion.
+    """
     if check:
         check_routing(instance, paths)
-    costs = [path_cost(instance, p) for p in paths]
+    load = loads(paths)
+    wait = {n: instance.node(n).uplink_s_per_unit * (k - 1) / 2 for n, k in load.items()}
+    costs = [path_cost(instance, p) + sum(wait[n] for n in p[:-1]) for p in paths]
     return RoutingQuality(len(paths), float(sum(costs)), float(max(costs, default=0.0)))

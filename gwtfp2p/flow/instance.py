@@ -2,7 +2,8 @@
 
 Stage 0 holds the data holders (sources and sinks of their own units), stages 1..S the relays.
 Edges join consecutive stages and stage S back to stage 0; every edge has one symmetric cost in
-seconds. This module owns the data shape, its validation and its JSON form; not the solving.
+seconds; a node's shared uplink adds ``uplink_s_per_unit`` per unit it already carries (load.py).
+This module owns the data shape, its validation and its JSON form; not the solving.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ class InstanceError(ValueError):
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node: a data holder (stage 0, ``supply`` units wanted) or a relay (``capacity`` units)."""
+    """One node: a data holder (stage 0, ``supply`` units wanted) or a relay (``capacity`` units).
+
+    ``capacity`` and ``supply`` are already bounded by the node's time budget (see
+    ``NodeResources.capacity``); ``uplink_s_per_unit`` prices the wait on its shared uplink.
+    """
 
     node_id: str
     stage: int
@@ -27,6 +32,7 @@ class NodeSpec:
     supply: int = 0
     compute_s: float = 0.0
     location: str = ""
+    uplink_s_per_unit: float = 0.0
 
     @property
     def is_data_holder(self) -> bool:
@@ -60,6 +66,8 @@ class FlowInstance:
                 raise InstanceError(f"{n.node_id}: stage {n.stage} outside 0..{self.n_stages}")
             if n.capacity < 0 or n.supply < 0:
                 raise InstanceError(f"{n.node_id}: capacity and supply must be >= 0")
+            if not (math.isfinite(n.uplink_s_per_unit) and n.uplink_s_per_unit >= 0):
+                raise InstanceError(f"{n.node_id}: uplink_s_per_unit must be a finite number >= 0")
         for (a, b), cost in self.edge_costs.items():
             if a not in by_id or b not in by_id:
                 raise InstanceError(f"edge ({a}, {b}) names an unknown node")
@@ -115,7 +123,8 @@ class FlowInstance:
             nodes = tuple(NodeSpec(node_id=str(n["node_id"]), stage=int(n["stage"]),
                                    capacity=int(n.get("capacity", 0)), supply=int(n.get("supply", 0)),
                                    compute_s=float(n.get("compute_s", 0.0)),
-                                   location=str(n.get("location", "")))
+                                   location=str(n.get("location", "")),
+                                   uplink_s_per_unit=float(n.get("uplink_s_per_unit", 0.0)))
                           for n in raw["nodes"])
             edges = {edge_key(str(e["a"]), str(e["b"])): float(e["cost"]) for e in raw["edges"]}
             return FlowInstance(int(raw["n_stages"]), nodes, edges)

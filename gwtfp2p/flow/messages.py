@@ -122,12 +122,15 @@ class TableUnit:
 
 @dataclass(frozen=True)
 class FlowTable:
-    """A node's matched units, its spare capacity and its edge costs, for same-stage peers."""
+    """A node's matched units, its spare capacity and its edge costs, for same-stage peers;
+    ``load`` and ``uplink_s_per_unit`` price what one unit less saves on its uplink."""
 
     sender: str
     spare: int
     units: tuple[TableUnit, ...]
     costs: tuple[tuple[str, float], ...]
+    load: int = 0
+    uplink_s_per_unit: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ class ProposeTakeover:
     my_in_cost: float
     my_out_cost: float
     expected_gain: float
+    my_marginal_s: float = 0.0  # the wait one more unit adds on the sender's uplink
 
 
 @dataclass(frozen=True)

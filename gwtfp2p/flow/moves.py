@@ -57,7 +57,7 @@ class MoveExecutor:
         pending = self._new_pending(peer, "takeover")
         c.reserved += 1
         c.send(peer, ProposeTakeover(c.node_id, pending.proposal_id, unit.in_id, unit.out_id,
-                                     costs[0], costs[1], gain))
+                                     costs[0], costs[1], gain, c.marginal_cost()))
 
     def propose_swap(self, peer: str, unit: TableUnit, mine: tuple[InUnit, OutUnit],
                      costs: tuple[float, float], gain: float) -> None:
@@ -195,7 +195,8 @@ class MoveExecutor:
         in_cost, out_cost = c.cost_to(unit.prev) or 0.0, c.cost_to(out.next) or 0.0
         old = unit.up_cost + out.down_cost
         new = old + msg.my_in_cost + msg.my_out_cost - in_cost - out_cost
-        gain = objective_gain([old], [new], c.params.max_path_weight)
+        saved = c.resources.uplink_s_per_unit * (c.load() - 1) - msg.my_marginal_s
+        gain = objective_gain([old], [new], c.params.max_path_weight) + saved
         if gain < msg.expected_gain - GAIN_TOLERANCE * max(1.0, abs(msg.expected_gain)):
             self._answer(msg, False)
             return

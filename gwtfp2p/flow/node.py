@@ -16,6 +16,7 @@ from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.annealing import Annealer
 from gwtfp2p.flow.core import Neighbour, NodeCore
 from gwtfp2p.flow.growth import Adverts, Growth, PendingRequest
+from gwtfp2p.flow.load import NodeResources
 from gwtfp2p.flow.messages import (
     Accept,
     Advert,
@@ -64,14 +65,21 @@ class Hop(NamedTuple):
 
 
 class FlowNode:
-    """The decentralized flow protocol for one data holder (stage 0) or relay (stage 1..S)."""
+    """The decentralized flow protocol for one data holder (stage 0) or relay (stage 1..S).
+
+    ``capacity`` is what fits in a relay's memory, ``supply`` the units a holder wants per
+    iteration; ``resources`` (GPU and uplink seconds per unit) bound both further when
+    ``params.iteration_budget_s`` is set, and price the wait on the node's shared uplink.
+    """
 
     def __init__(self, node_id: str, stage: int, n_stages: int, *, capacity: int = 0, supply: int = 0,
-                 params: FlowParams | None = None, rng: random.Random | None = None) -> None:
+                 params: FlowParams | None = None, rng: random.Random | None = None,
+                 resources: NodeResources | None = None) -> None:
         if not 0 <= stage <= n_stages:
             raise ValueError(f"stage {stage} outside 0..{n_stages}")
         self.core = NodeCore(node_id, stage, n_stages, capacity=capacity, supply=supply,
-                             params=params or FlowParams(), rng=rng or random.Random(node_id))
+                             params=params or FlowParams(), rng=rng or random.Random(node_id),
+                             resources=resources)
         self.adverts = Adverts(self.core)
         self.growth = Growth(self.core)
         self.moves = MoveExecutor(self.core)
@@ -166,14 +174,29 @@ class FlowNode:
         return c.take_outbox()
 
     def set_capacity(self, capacity: int, now: int | None = None) -> list[Envelope]:
-        """Capacity changed; if below the load, the costliest units are pushed back."""
+        """Memory capacity changed; if the load is above it, the costliest units are pushed back."""
         c = self._at(now)
-        c.capacity = max(0, capacity)
-        while len(c.ins) > c.capacity:
+        c.set_bounds(capacity, c.wanted)
+        self._shed()
+        return c.take_outbox()
+
+    def set_resources(self, resources: NodeResources, now: int | None = None) -> list[Envelope]:
+        """GPU or uplink time per unit changed (re-measured): capacity and uplink cost follow."""
+        c = self._at(now)
+        c.set_resources(resources)
+        self._shed()
+        return c.take_outbox()
+
+    def _shed(self) -> None:
+        """Drop the costliest units above the (new) capacity or supply."""
+        c = self.core
+        while not c.is_data_holder and len(c.ins) > c.capacity:
             worst = max(c.ins.values(), key=lambda u: (u.up_cost + c.remaining_of(u)[0], u.edge_id))
             c.drop_in(worst.edge_id, push_back=True)
+        while c.is_data_holder and len(c.outs) > c.supply:
+            worst = max(c.outs.values(), key=lambda o: (o.down_cost, o.edge_id))
+            c.drop_out(worst.edge_id, cancel=True)
         self._reheat()
-        return c.take_outbox()
 
     def _reheat(self) -> None:
         c = self.core

@@ -2,7 +2,7 @@
 
 Each unit contributes f(c) = c^(1 + w) for its path cost c. With w = 0 this is the total cost;
 w > 0 penalizes long paths more than short ones, so moves also shorten the most expensive path
-(objective 2 of DESIGN.md §2) while staying a true potential: a move changes only the units it
+(objective 2 of docs/design.md §2) while staying a true potential: a move changes only the units it
 touches, so accepting only gains > 0 always terminates. Gains are reported in cost units.
 """
 

@@ -1,10 +1,12 @@
-"""The centralized oracle: min-cost maximum flow with full knowledge of the instance.
+"""The centralized oracle: the best routing with full knowledge of the instance.
 
-With one data holder the problem is a single-commodity min-cost max-flow over the split-node
-layered graph, solved exactly by networkx. With several, each unit must return to the data
-holder it came from: a multi-commodity flow. We solve it exactly as an integer program (scipy's
-HiGHS): maximize the flow value, then minimize total cost at that value. ``solve_relaxed`` gives
-the networkx single-commodity relaxation (units may end at another holder): a bound, not a plan.
+Its objective, in order: the maximum flow; then max-min fairness between data holders (no
+holder can get more without one that has no more than it getting less, so when the swarm
+cannot carry every holder's supply the holders share it evenly, each capped by its supply and
+its reach); then the least total cost, uplink waits included. With one data holder this is
+networkx's min-cost max-flow on the split-node layered graph; with several, each unit must
+return to its own holder (multi-commodity), solved exactly as integer programs (milp.py).
+``solve_relaxed`` gives the single-commodity relaxation: a bound, not a plan.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 
+from gwtfp2p.flow import milp
 from gwtfp2p.flow.evaluate import Path, RoutingQuality, evaluate
 from gwtfp2p.flow.instance import FlowInstance
 
@@ -29,9 +31,16 @@ class OracleResult:
     quality: RoutingQuality
     exact: bool
 
+    def holder_flows(self) -> dict[str, int]:
+        """Units routed per data holder."""
+        flows: dict[str, int] = defaultdict(int)
+        for path in self.paths:
+            flows[path[0]] += 1
+        return dict(flows)
+
 
 def solve(instance: FlowInstance) -> OracleResult:
-    """Exact min-cost max-flow (networkx for one holder, an integer program for several)."""
+    """Exact: maximum flow, then fair between holders, then cheapest (see the module docstring)."""
     if not instance.data_holders:
         return OracleResult((), RoutingQuality(0, 0.0, 0.0), exact=True)
     paths = _networkx_paths(instance) if len(instance.data_holders) <= 1 else _milp_paths(instance)
@@ -60,16 +69,27 @@ def _out(node_id: str) -> str:
     return f"out:{node_id}"
 
 
+def _add_limited(g: nx.DiGraph, a: str, b: str, units: int, uplink_s_per_unit: float) -> None:
+    """a → b carrying at most ``units``; with an uplink, the k-th unit costs k × uplink_s_per_unit."""
+    if uplink_s_per_unit <= 0:
+        g.add_edge(a, b, capacity=units, weight=0)
+        return
+    for k in range(units):
+        slot = f"slot{k}:{b}"
+        g.add_edge(a, slot, capacity=1, weight=round(k * uplink_s_per_unit * COST_SCALE))
+        g.add_edge(slot, b, capacity=1, weight=0)
+
+
 def _layered_graph(instance: FlowInstance) -> nx.DiGraph:
     """Split-node graph: relay capacity on in→out, holder supply on source edges."""
     g = nx.DiGraph()
     g.add_nodes_from((SOURCE, TARGET))
     for node in instance.nodes:
         if node.is_data_holder:
-            g.add_edge(SOURCE, _out(node.node_id), capacity=node.supply, weight=0)
+            _add_limited(g, SOURCE, _out(node.node_id), node.supply, node.uplink_s_per_unit)
             g.add_edge(_in(node.node_id), TARGET, capacity=node.supply, weight=0)
         else:
-            g.add_edge(_in(node.node_id), _out(node.node_id), capacity=node.capacity, weight=0)
+            _add_limited(g, _in(node.node_id), _out(node.node_id), node.capacity, node.uplink_s_per_unit)
     for node in instance.nodes:
         for nxt, cost in instance.next_hops(node.node_id):
             g.add_edge(_out(node.node_id), _in(nxt), weight=round(cost * COST_SCALE))
@@ -79,10 +99,14 @@ def _layered_graph(instance: FlowInstance) -> nx.DiGraph:
 def _networkx_paths(instance: FlowInstance) -> list[Path]:
     graph = _layered_graph(instance)
     flow = nx.max_flow_min_cost(graph, SOURCE, TARGET)
-    edge_flow = {(a, b): f for a, nbrs in flow.items() for b, f in nbrs.items() if f > 0}
+    edge_flow = {(a, b): f for a, nbrs in flow.items() if a.startswith("out:")
+                 for b, f in nbrs.items() if f > 0}
+    sent: dict[str, int] = defaultdict(int)  # units per holder, through its uplink slots if any
+    for b, f in flow[SOURCE].items():
+        sent[b.split(":", 1)[1] if b.startswith("slot") else b] += f
     paths = []
     for holder in instance.data_holders:
-        for _ in range(flow[SOURCE].get(_out(holder.node_id), 0)):
+        for _ in range(sent.get(_out(holder.node_id), 0)):
             paths.append(_walk(instance, holder.node_id, edge_flow))
     return paths
 
@@ -98,79 +122,13 @@ def _walk(instance: FlowInstance, holder: str, edge_flow: dict) -> Path:
         path.append(node_id)
         if instance.node(node_id).is_data_holder:
             break
-        edge_flow[(nxt, _out(node_id))] = edge_flow.get((nxt, _out(node_id)), 0) - 1
         current = _out(node_id)
     return tuple(path)
 
 
-def _commodity_edges(instance: FlowInstance) -> list[tuple[str, str, str, float]]:
-    """(holder, a, b, cost) for every edge each holder's units may use."""
-    edges = []
-    for holder in instance.data_holders:
-        for node in instance.nodes:
-            if node.is_data_holder and node.node_id != holder.node_id:
-                continue
-            for nxt, cost in instance.next_hops(node.node_id):
-                if instance.node(nxt).is_data_holder and nxt != holder.node_id:
-                    continue
-                edges.append((holder.node_id, node.node_id, nxt, cost))
-    return edges
-
-
 def _milp_paths(instance: FlowInstance) -> list[Path]:
-    edges = _commodity_edges(instance)
-    n = len(edges)
-    rows, lo, hi = _milp_constraints(instance, edges)
-    a_matrix = np.array(rows, dtype=float) if rows else np.zeros((0, n))
-    constraints = [LinearConstraint(a_matrix, lo, hi)]
-    is_source = np.array([1.0 if a == h else 0.0 for h, a, _, _ in edges])
-    integrality = np.ones(n)
-    bounds = Bounds(0, np.inf)
-    first = milp(-is_source, constraints=constraints, integrality=integrality, bounds=bounds)
-    if not first.success:
-        raise RuntimeError(f"oracle MILP (max flow) failed: {first.message}")
-    best = round(-first.fun)
-    fixed = LinearConstraint(is_source.reshape(1, -1), best, best)
-    costs = np.array([c for _, _, _, c in edges])
-    second = milp(costs, constraints=[*constraints, fixed], integrality=integrality, bounds=bounds)
-    if not second.success:
-        raise RuntimeError(f"oracle MILP (min cost) failed: {second.message}")
-    return _decompose(instance, edges, np.round(second.x).astype(int))
-
-
-def _milp_constraints(instance: FlowInstance, edges: list[tuple[str, str, str, float]]):
-    """Conservation per holder per relay, relay capacity, holder supply."""
-    n = len(edges)
-    rows, lo, hi = [], [], []
-    by_holder_node: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    capacity_rows: dict[str, list[int]] = defaultdict(list)
-    for k, (h, a, b, _) in enumerate(edges):
-        by_holder_node[(h, a)].append((k, -1.0))
-        by_holder_node[(h, b)].append((k, 1.0))
-        if not instance.node(b).is_data_holder:
-            capacity_rows[b].append(k)
-    for (h, node_id), terms in by_holder_node.items():
-        row = np.zeros(n)
-        for k, sign in terms:
-            row[k] += sign
-        rows.append(row)
-        lo.append(0.0)
-        hi.append(0.0)
-        if node_id == h:  # the holder: what leaves must come back (in - out = 0) and out <= supply
-            supply_row = np.zeros(n)
-            for k, sign in terms:
-                if sign < 0:
-                    supply_row[k] = 1.0
-            rows.append(supply_row)
-            lo.append(0.0)
-            hi.append(float(instance.node(h).supply))
-    for node_id, ks in capacity_rows.items():
-        row = np.zeros(n)
-        row[ks] = 1.0
-        rows.append(row)
-        lo.append(0.0)
-        hi.append(float(instance.node(node_id).capacity))
-    return rows, lo, hi
+    edges, x = milp.solve_edges(instance)
+    return _decompose(instance, edges, x)
 
 
 def _decompose(instance: FlowInstance, edges, x: np.ndarray) -> list[Path]:

@@ -4,7 +4,8 @@ Owns building the offline demo corpus at run time from the running interpreter's
 library sources (parsed with ``ast``, nothing is imported or executed), so no corpus text is
 committed and any machine with Python has it. The text depends on the Python version; every data
 holder reads only its own shard of it. Falls back to the builtins' docstrings where the standard
-library ships without sources.
+library ships without sources. Parsing takes seconds, so the result is cached as JSON in the user's
+cache directory, keyed by the interpreter and the size and mtime of every source file read.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import hashlib
 import importlib.util
+import json
 import logging
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -58,18 +64,63 @@ def _docstrings(path: Path, module: str) -> list[str]:
     return docs
 
 
+def _sources() -> list[tuple[Path, str]]:
+    """Every source file the corpus reads, with the title prefix of its docstrings, in order."""
+    sources = []
+    for name in CORPUS_MODULES:
+        for path in _module_sources(name):
+            sources.append((path, name if path.name == "__init__.py" or path.stem == name else f"{name}.{path.stem}"))
+    return sources
+
+
+def _cache_path(sources: list[tuple[Path, str]]) -> Path:
+    key = hashlib.sha256(sys.version.encode())
+    for path, stem in sources:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        key.update(f"{path}|{stem}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "gwtf" / f"corpus-{key.hexdigest()[:16]}.json"
+
+
+def _cached(path: Path) -> tuple[str, ...] | None:
+    try:
+        docs = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return tuple(docs) if isinstance(docs, list) and all(isinstance(d, str) for d in docs) else None
+
+
+def _store(path: Path, docs: tuple[str, ...]) -> None:
+    """Write the cache atomically; a read-only or missing home only costs the next start its parse."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False) as f:
+            json.dump(list(docs), f)
+        os.replace(f.name, path)
+    except OSError as e:
+        log.debug("corpus cache not written (%s)", e)
+
+
 @functools.lru_cache(maxsize=1)
 def default_corpus() -> tuple[str, ...]:
     """The corpus documents (one docstring each, titled by its qualified name), in a fixed order."""
+    sources = _sources()
+    cache = _cache_path(sources)
+    cached = _cached(cache) if sources else None
+    if cached is not None:
+        return cached
     docs: list[str] = []
-    for name in CORPUS_MODULES:
-        for path in _module_sources(name):
-            stem = name if path.name == "__init__.py" or path.stem == name else f"{name}.{path.stem}"
-            docs.extend(_docstrings(path, stem))
+    for path, stem in sources:
+        docs.extend(_docstrings(path, stem))
     if not docs:
         log.warning("standard library sources not found; the default corpus uses builtins' docstrings")
         for attr in sorted(dir(builtins)):
             doc = getattr(getattr(builtins, attr), "__doc__", None)
             if isinstance(doc, str) and len(doc) >= 40:
                 docs.append(f"{attr}\n\n{doc}\n")
+    elif sources:
+        _store(cache, tuple(docs))
     return tuple(docs)

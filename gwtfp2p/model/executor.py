@@ -2,7 +2,7 @@
 
 Owns the forward/backward protocol of a stage on plain tensors: forward keeps what backward needs;
 a duplicate forward recomputes (same input, bitwise the same output: dropout is off or seeded per
-(microbatch, stage)); backward accumulates parameter gradients exactly once per id per iteration
+(microbatch, stage)); backward adds parameter gradients to the exact sum once per id per iteration
 and returns the input gradient, which is kept so a duplicate backward is answered without
 recomputing or double counting; ``drop`` frees a microbatch whose data holder is gone. Not
 thread-safe: the daemon calls it from its single compute thread.
@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from gwtfp2p.config import RunSpec
+from gwtfp2p.model.aggregate import GradContribution
+from gwtfp2p.model.fixedpoint import FixedPointSum
 from gwtfp2p.model.ledger import Ledger, Pending, dropout_seed, seeded_rng
 from gwtfp2p.model.partition import StageModule
 from gwtfp2p.model.presets import config_dropout
@@ -20,7 +22,7 @@ from gwtfp2p.model.trainable import Trainable
 
 
 class StageExecutor(Trainable):
-    """Stage ``stage_index`` (1-based, as in DESIGN.md) of the pipeline, one replica."""
+    """Stage ``stage_index`` (1-based, as in docs/design.md) of the pipeline, one replica."""
 
     def __init__(self, module: StageModule, spec: RunSpec, stage_index: int) -> None:
         super().__init__(module, spec, kind=f"stage{stage_index}")
@@ -38,25 +40,36 @@ class StageExecutor(Trainable):
         For an id already done this iteration the output is recomputed without keeping state;
         otherwise the forward state is kept (replacing any earlier one of the same id).
         """
-        width = self.module.config.hidden_size
-        if hidden.dim() != 3 or hidden.shape[-1] != width or not hidden.is_floating_point():
-            raise ValueError(f"{self.kind}: input must be float [B, T, {width}], got {hidden.dtype} "
-                             f"{tuple(hidden.shape)} for {mb_id}")
+        self._check_input(mb_id, hidden, "input")
+        if mb_id in self.ledger.done:
+            return self.recompute(mb_id, hidden)
         x = hidden.detach().to(self.device, self.grad_dtype).requires_grad_(True)
-        if mb_id in self.ledger.done:  # same kernels as a kept forward (grad mode on), graph discarded
-            with torch.enable_grad(), seeded_rng(self._seed(mb_id), self.device):
-                return self.module(x).detach()
         meter = [0]
         with torch.enable_grad(), self.ledger.metering(meter), seeded_rng(self._seed(mb_id), self.device):
             out = self.module(x)
         self.ledger.add_pending(mb_id, Pending(inputs=x, output=out, saved_bytes=meter[0]))
         return out.detach()
 
+    def recompute(self, mb_id: str, hidden: torch.Tensor) -> torch.Tensor:
+        """The output a forward of ``hidden`` for ``mb_id`` gives, bitwise (the same kernels, grad mode on, and
+        dropout seed), keeping nothing: a duplicate forward, or a lost replica's output redone for the next stage."""
+        self._check_input(mb_id, hidden, "input")
+        x = hidden.detach().to(self.device, self.grad_dtype).requires_grad_(True)
+        with torch.enable_grad(), seeded_rng(self._seed(mb_id), self.device):
+            return self.module(x).detach()
+
+    def _check_input(self, mb_id: str, hidden: torch.Tensor, what: str) -> None:
+        width = self.module.config.hidden_size
+        if hidden.dim() != 3 or hidden.shape[-1] != width or not hidden.is_floating_point():
+            raise ValueError(f"{self.kind}: {what} must be float [B, T, {width}], got {hidden.dtype} "
+                             f"{tuple(hidden.shape)} for {mb_id}")
+
     def backward(self, mb_id: str, grad_output: torch.Tensor) -> torch.Tensor:
         """Backpropagate ``grad_output`` for ``mb_id``; returns the gradient wrt the stage input.
 
-        The first backward of an id adds its parameter gradients to the sum and counts it; a later
-        one returns the same input gradient and adds nothing. Raises ``UnknownMicrobatch`` if the
+        The first backward of an id adds its parameter gradients (computed alone, then converted to
+        fixed point) to the exact sum and counts it; a later one returns the same input gradient and
+        adds nothing. Raises ``UnknownMicrobatch`` if the
         id has neither forward state nor a finished backward here.
         """
         if mb_id in self.ledger.done:
@@ -68,10 +81,38 @@ class StageExecutor(Trainable):
         self.ledger.take(mb_id)
         grad = grad_output.detach().to(device=entry.output.device, dtype=entry.output.dtype)
         torch.autograd.backward(entry.output, grad)
+        self._fold()
         grad_input = entry.inputs.grad.detach()
         self.ledger.done[mb_id] = grad_input
         self.count += 1
         return grad_input
+
+    def redo(self, origin: str, items: list[tuple[str, torch.Tensor, torch.Tensor]]
+             ) -> tuple[GradContribution, dict[str, torch.Tensor]]:
+        """The parameter gradients of ``items`` (microbatch id, the stage's input, its output's gradient, as
+        another replica got them), in a sum of their own: that replica's lost contribution, bitwise what it
+        added (the same kernels, dropout seeds and fixed-point sum); with each microbatch's input gradient
+        (what it sent back). The iteration's own sum, count and forward states are untouched. ``ValueError``
+        for a tensor of the wrong shape."""
+        own, self._sum = self._sum, FixedPointSum(self.numel, self._flat.device)
+        grads_in: dict[str, torch.Tensor] = {}
+        try:
+            for mb_id, hidden, grad_output in items:
+                self._check_input(mb_id, hidden, "redo input")
+                x = hidden.detach().to(self.device, self.grad_dtype).requires_grad_(True)
+                with torch.enable_grad(), seeded_rng(self._seed(mb_id), self.device):
+                    out = self.module(x)
+                if grad_output.shape != out.shape:
+                    raise ValueError(f"{self.kind}: redo gradient {tuple(grad_output.shape)} != output "
+                                     f"{tuple(out.shape)} for {mb_id}")
+                torch.autograd.backward(out, grad_output.detach().to(device=out.device, dtype=out.dtype))
+                self._fold()
+                grads_in[mb_id] = x.grad.detach()
+            total = self._sum.total.detach().to("cpu", copy=True)
+            return GradContribution(origin, total, len(items), self._sum.bound), grads_in
+        finally:
+            self._flat.zero_()
+            self._sum = own
 
     def drop(self, mb_id: str) -> bool:
         """Free a microbatch's forward state (its data holder crashed); True if some was held."""

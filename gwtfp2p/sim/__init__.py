@@ -1,1 +1,1 @@
-"""gwtfp2p.sim (see DESIGN.md §4 and docs/architecture.md)."""
+"""gwtfp2p.sim (see docs/architecture.md)."""

@@ -2,9 +2,11 @@
 
 A node runs one task at a time, backward tasks first (as in 1F1B schedules). A forward keeps its
 activations in one of the node's memory slots until its backward; when every slot is taken, the
-forward runs without keeping them (activation checkpointing, as SWARM's stateless servers always
-do) and its backward recomputes it first. Busy and per-iteration compute time are accounted here
-for the idle and waste metrics. Owns no routing and no recovery.
+forward runs without keeping them (activation checkpointing) and its backward recomputes it first.
+A stateless forward (SWARM's servers) never keeps them: its backward always recomputes. A paused
+node (a stage stepping) finishes its running task and starts no other until resumed. Busy and
+per-iteration compute time are accounted here for the idle and waste metrics. Owns no routing and
+no recovery.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from gwtfp2p.sim.compute import NodeCompute
 from gwtfp2p.sim.engine import Engine
 
 FORWARD, BACKWARD, LOSS = 0, 1, 2  # LOSS: a data holder's tail forward + backward (no slot)
+STATELESS_FORWARD = 3  # a forward that keeps nothing for its backward (SWARM's no-grad forward)
 
 
 class SimNode:
@@ -35,6 +38,7 @@ class SimNode:
         "iteration_compute_s",
         "mbs",
         "node_id",
+        "paused",
         "plan",
         "running",
         "slot_holders",
@@ -56,6 +60,7 @@ class SimNode:
         self.forward_queue: deque = deque()
         self.backward_queue: deque = deque()
         self.running: tuple | None = None
+        self.paused = False  # stepping: no new task starts until resumed
         self.task_start = 0.0
         self.slot_holders: set[str] = set()  # microbatch ids whose activations are held here
         self.busy_s = 0.0
@@ -70,6 +75,20 @@ class SimNode:
         return self.stage == 0
 
 
+PHASE_OF_TASK = {FORWARD: "forward", STATELESS_FORWARD: "forward", BACKWARD: "backward", LOSS: "loss"}
+
+
+def crash_phase(node: SimNode, aggregating: bool) -> str:
+    """What ``node`` was doing when it died (for the metrics)."""
+    if aggregating:
+        return "aggregation"
+    if not node.active:
+        return "joining"
+    if node.running is not None:
+        return PHASE_OF_TASK[node.running[0]]
+    return "holding" if node.slot_holders else "idle"
+
+
 class Cluster:
     """All nodes ever created, their compute queues, and the live/active sets per stage."""
 
@@ -79,6 +98,7 @@ class Cluster:
         self.nodes: dict[str, SimNode] = {}
         self.active_by_stage: list[list[str]] = [[] for _ in range(n_stages + 1)]
         self.on_task_done: Callable[[SimNode, tuple], None] = lambda node, task: None
+        self.on_paused_idle: Callable[[SimNode], None] = lambda node: None
         self.discarded_s = 0.0  # compute of stale tasks whose result nobody wanted
 
     def add(self, node: SimNode) -> None:
@@ -111,19 +131,32 @@ class Cluster:
     # -- compute queue -------------------------------------------------------------------
     def submit(self, node: SimNode, task: tuple) -> None:
         """task = (kind, microbatch, position, attempt, duration_s)."""
-        (node.forward_queue if task[0] == FORWARD else node.backward_queue).append(task)
+        (node.backward_queue if task[0] in (BACKWARD, LOSS) else node.forward_queue).append(task)
         if node.running is None:
             self._start_next(node)
 
+    def pause(self, node: SimNode) -> bool:
+        """Start no new task on ``node``; True if it is idle already (else ``on_paused_idle`` follows)."""
+        node.paused = True
+        return node.running is None
+
+    def resume(self, node: SimNode) -> None:
+        node.paused = False
+        if node.alive and node.running is None:
+            self._start_next(node)
+
     def _start_next(self, node: SimNode) -> None:
+        if node.paused:
+            return
         if node.backward_queue:
             task = node.backward_queue.popleft()
         elif node.forward_queue:
             task = node.forward_queue.popleft()
-            if len(node.slot_holders) < node.slots or node.is_data_holder:
-                node.slot_holders.add(task[1].mb_id)
-            else:
-                task[1].checkpointed[task[2]] = True  # no slot: keep only the input, recompute later
+            if task[0] == FORWARD:  # a stateless forward keeps nothing
+                if len(node.slot_holders) < node.slots or node.is_data_holder:
+                    node.slot_holders.add(task[1].mb_id)
+                else:
+                    task[1].checkpointed[task[2]] = True  # no slot: keep only the input, recompute later
         else:
             return
         node.running = task
@@ -137,7 +170,10 @@ class Cluster:
         node.busy_s += task[4]
         self.on_task_done(node, task)
         if node.running is None and node.alive:
-            self._start_next(node)
+            if node.paused:
+                self.on_paused_idle(node)
+            else:
+                self._start_next(node)
 
     @staticmethod
     def release_slot(node: SimNode, mb_id: str) -> None:

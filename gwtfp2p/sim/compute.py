@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gwtfp2p.config import ConfigError
+from gwtfp2p.config import ConfigError, encoded_bytes
 
 GIB = 2**30
 STATIC_BYTES_PER_PARAM = 16  # fp16 weights + fp32 master + Adam m, v + fp16 grads
@@ -34,6 +34,7 @@ class ModelSpec:
     seq_len: int
     microbatch: int  # sequences per microbatch
     bytes_per_element: int = 2
+    codec: str = "none"  # the run's wire codec (``RunSpec``): sizes on the wire follow it (none: bf16 as computed)
 
     @property
     def tokens(self) -> int:
@@ -79,8 +80,12 @@ class ModelSpec:
 
     @property
     def activation_bytes(self) -> int:
-        """One microbatch's hidden states (or their gradient) on the wire."""
-        return self.tokens * self.d_model * self.bytes_per_element
+        """One microbatch's hidden states (or their gradient) on the wire, in the wire codec."""
+        return encoded_bytes(self.codec, self.tokens * self.d_model, self.bytes_per_element)
+
+    def grad_bytes(self, params: int) -> int:
+        """A gradient of ``params`` values in the all-reduce, in the wire codec."""
+        return encoded_bytes(self.codec, params, GRAD_BYTES_PER_PARAM)
 
     def activation_memory_bytes(self, layers: int) -> float:
         per_layer = self.tokens * self.d_model * (34 + 5 * self.n_heads * self.seq_len / self.d_model)

@@ -10,9 +10,12 @@ is dropped. Failures are handed to ``recovery``; ``iterations`` hears about comp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gwtfp2p.sim.cluster import BACKWARD, FORWARD, LOSS, SimNode
+from gwtfp2p.sim.cluster import BACKWARD, FORWARD, LOSS, Cluster, SimNode
+from gwtfp2p.sim.compute import ModelSpec
+from gwtfp2p.sim.engine import Engine
+from gwtfp2p.sim.metrics import Metrics
 from gwtfp2p.sim.microbatch import (
     BWD_DONE,
     FWD_DONE,
@@ -22,13 +25,26 @@ from gwtfp2p.sim.microbatch import (
     QUEUED_FWD,
     Microbatch,
 )
+from gwtfp2p.sim.network import Network
+from gwtfp2p.sim.ports import CompletionSink, LossHandler
+from gwtfp2p.sim.routers.base import Router
 
-if TYPE_CHECKING:
-    from gwtfp2p.sim.simulation import Simulation
+
+class DataPlaneHost(Protocol):
+    """What the data plane uses of the run."""
+
+    engine: Engine
+    network: Network
+    cluster: Cluster
+    model: ModelSpec
+    router: Router
+    recovery: LossHandler
+    iterations: CompletionSink
+    metrics: Metrics
 
 
 class DataPlane:
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: DataPlaneHost) -> None:
         self.sim = sim
         self.engine = sim.engine
         self.net = sim.network
@@ -59,13 +75,11 @@ class DataPlane:
             m.state[nxt] = IN_FWD
             m.grad_waiting[nxt] = False
             m.checkpointed[nxt] = False
-            m.grad_resent[nxt] = False
-            m.request_start[nxt] = now
             if nxt < m.last:
                 self.nodes[target].mbs[m.mb_id] = m
-        start, depart, arrive = self.net.transfer(m.holder[pos], target, self.size, now)
+        _, depart, arrive = self.net.transfer(m.holder[pos], target, self.size, now)
         m.fwd_depart[nxt] = depart
-        self.engine.at(arrive, self._arrive_forward, m, nxt, m.attempt[nxt], m.attempt[pos], depart, duplicate, start)
+        self.engine.at(arrive, self._arrive_forward, m, nxt, m.attempt[nxt], m.attempt[pos], depart, duplicate, now)
 
     def _arrive_forward(self, m: Microbatch, pos: int, attempt: int, src_attempt: int, depart: float,
                         duplicate: bool, sent_s: float) -> None:
@@ -78,12 +92,11 @@ class DataPlane:
         if not dst.alive:
             self.sim.recovery.send_failed(m, pos, FORWARD, src, dst.node_id, sent_s)
             return
+        self.sim.router.on_transfer(src, dst.node_id, self.size, sent_s)
         if duplicate and m.state[pos] != IN_FWD:
             if m.state[pos] == BWD_DONE:
                 self.send_backward(m, pos - 1)  # recognized duplicate: resend the cached gradient
             return
-        if pos - 1 > 0:
-            self.sim.router.on_forward_delivered(m, pos - 1, self.engine.now - m.request_start[pos - 1])
         m.state[pos] = QUEUED_FWD
         if pos == m.last:
             self.cluster.submit(dst, (LOSS, m, pos, attempt, dst.forward_s + dst.backward_s))
@@ -102,15 +115,9 @@ class DataPlane:
         nxt = pos + 1
         router = self.sim.router
         downstream = m.holder[nxt]
-        if m.state[nxt] >= IN_FWD and downstream is not None:
-            if router.dedupe_by_duplicate and router.believes_alive(node.node_id, downstream):
-                self.send_forward(m, pos, downstream, m.tag[nxt], duplicate=True)
-                return
-            if not router.dedupe_by_duplicate and m.state[nxt] >= QUEUED_FWD and self.nodes[downstream].alive:
-                if m.state[nxt] == BWD_DONE and not m.grad_resent[pos]:
-                    m.grad_resent[pos] = True
-                    self.send_backward(m, pos)  # the live downstream resends its cached gradient
-                return  # otherwise the live downstream holder goes on with it
+        if m.state[nxt] >= IN_FWD and downstream is not None and router.believes_alive(node.node_id, downstream):
+            self.send_forward(m, pos, downstream, m.tag[nxt], duplicate=True)
+            return
         if nxt == m.last:
             self.send_forward(m, pos, m.dh, None)
             return
@@ -124,12 +131,9 @@ class DataPlane:
         now = self.engine.now
         if m.state[pos] == FWD_DONE:
             m.state[pos] = IN_BWD
-        if pos > 0:
-            m.request_start[pos] = now
-            self.sim.router.on_backward_sent(m, pos)
-        start, depart, arrive = self.net.transfer(src, dst, self.size, now)
+        _, depart, arrive = self.net.transfer(src, dst, self.size, now)
         m.bwd_depart[pos] = depart
-        self.engine.at(arrive, self._arrive_backward, m, pos, m.attempt[pos], m.attempt[pos + 1], depart, start)
+        self.engine.at(arrive, self._arrive_backward, m, pos, m.attempt[pos], m.attempt[pos + 1], depart, now)
 
     def _arrive_backward(self, m: Microbatch, pos: int, attempt: int, src_attempt: int, depart: float,
                          sent_s: float) -> None:
@@ -142,8 +146,7 @@ class DataPlane:
         if not dst.alive:
             self.sim.recovery.send_failed(m, pos, BACKWARD, src, dst.node_id, sent_s)
             return
-        if pos + 1 < m.last:
-            self.sim.router.on_backward_delivered(m, pos + 1, self.engine.now - m.request_start[pos + 1])
+        self.sim.router.on_transfer(src, dst.node_id, self.size, sent_s)
         if pos == 0:
             self._complete(m)
             return

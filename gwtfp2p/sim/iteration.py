@@ -11,61 +11,57 @@ downloaded become active at the boundary. The run stops when the target count is
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gwtfp2p.sim.cluster import SimNode
-from gwtfp2p.sim.compute import GRAD_BYTES_PER_PARAM, stage_param_count
+from gwtfp2p.sim.allreduce import Reductions
+from gwtfp2p.sim.churn import Trace
+from gwtfp2p.sim.cluster import Cluster, SimNode
+from gwtfp2p.sim.compute import ModelSpec, stage_param_count
+from gwtfp2p.sim.dataplane import DataPlane
+from gwtfp2p.sim.engine import Engine
+from gwtfp2p.sim.metrics import Metrics
 from gwtfp2p.sim.microbatch import Microbatch
 from gwtfp2p.sim.network import Network
+from gwtfp2p.sim.params import Scenario
+from gwtfp2p.sim.routers.base import Router
 
-if TYPE_CHECKING:
-    from gwtfp2p.sim.simulation import Simulation
 
-def butterfly_allreduce_s(net: Network, members: list[str], size_bytes: float) -> float:
-    """hivemind's butterfly all-reduce: reduce-scatter then all-gather of size/n parts, all pairs at once.
+class IterationsHost(Protocol):
+    """What the iterations use of the run."""
 
-    In each phase every member sends one part to every other member in parallel; a phase lasts as
-    long as its slowest member needs (its slowest link's latency plus its sends, which queue on a
-    shared uplink on the ``home`` network).
-    """
-    n = len(members)
-    if n <= 1:
-        return 0.0
-    part = size_bytes / n
-    shared = net.spec.kind == "home"
-    phase = 0.0
-    for a in members:
-        latency = sending = 0.0
-        for b in members:
-            if a == b:
-                continue
-            link_latency, bandwidth = net.link(a, b)
-            latency = max(latency, link_latency)
-            sending = sending + part / bandwidth if shared else max(sending, part / bandwidth)
-        phase = max(phase, latency + sending)
-    return 2 * phase
+    engine: Engine
+    scenario: Scenario
+    model: ModelSpec
+    network: Network
+    cluster: Cluster
+    trace: Trace
+    router: Router
+    dataplane: DataPlane
+    metrics: Metrics
+
+    def activate(self, node: SimNode) -> None:
+        """``node`` starts serving."""
 
 
 class Iterations:
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: IterationsHost) -> None:
         self.sim = sim
         self.engine = sim.engine
         scenario = sim.scenario
         self.dhs = sorted(p.node_id for p in sim.trace.initial if p.is_data_holder)
         self.per_dh = scenario.microbatches_per_dh
         self.n_stages = scenario.n_stages
-        self.grad_bytes = [GRAD_BYTES_PER_PARAM * stage_param_count(sim.model, s, scenario.n_stages)
+        self.grad_bytes = [sim.model.grad_bytes(stage_param_count(sim.model, s, scenario.n_stages))
                            for s in range(scenario.n_stages + 1)]
         self.iteration = 0
         self.started_s = 0.0
         self.queues: dict[str, deque[Microbatch]] = {dh: deque() for dh in self.dhs}
         self.remaining = dict.fromkeys(self.dhs, 0)
         self.aggregating = False
-        self.pending: set[int] = set()
-        self.members: dict[int, list[str]] = {}
-        self.tokens: dict[int, int] = dict.fromkeys(range(scenario.n_stages + 1), 0)
+        self.reductions = Reductions(sim.engine, sim.network, self.grad_bytes,
+                                     scenario.dataplane.allreduce_failure_detect_s, self._live_members,
+                                     self._allreduce_done)
         self.ready: list[SimNode] = []
-        self._allreduce_s: dict[tuple[int, tuple[str, ...]], float] = {}
         self.finished = False
 
     def start(self) -> None:
@@ -106,49 +102,32 @@ class Iterations:
     # -- aggregation -----------------------------------------------------------------------
     def _aggregate(self) -> None:
         self.aggregating = True
-        self.pending = set(range(self.n_stages + 1))
         for stage in range(self.n_stages + 1):
-            self._start_allreduce(stage)
+            self.reductions.start(stage)
 
     def _live_members(self, stage: int) -> list[str]:
         if stage == 0:
             return list(self.dhs)
         return list(self.sim.cluster.active_by_stage[stage])
 
-    def _start_allreduce(self, stage: int) -> None:
-        members = self._live_members(stage)
-        self.tokens[stage] += 1
-        self.members[stage] = members
-        key = (stage, tuple(members))
-        duration = self._allreduce_s.get(key)
-        if duration is None:
-            duration = self._allreduce_s[key] = butterfly_allreduce_s(self.sim.network, members,
-                                                                      self.grad_bytes[stage])
-        self.engine.at(self.engine.now + duration, self._allreduce_done, stage, self.tokens[stage])
-
-    def _allreduce_done(self, stage: int, token: int) -> None:
-        if token != self.tokens[stage] or stage not in self.pending:
-            return
-        self.pending.discard(stage)
-        if not self.pending:
+    def _allreduce_done(self, stage: int) -> None:
+        if not self.reductions.running:
             self._end_iteration()
 
     def aggregating_with(self, node: SimNode) -> bool:
-        return (self.aggregating and node.stage in self.pending
-                and node.node_id in self.members.get(node.stage, ()))
+        return self.aggregating and self.reductions.involves(node)
 
     def on_crash(self, node: SimNode) -> None:
         """A replica died: if it was in a running all-reduce, restart that reduction without it."""
-        if not self.aggregating_with(node):
-            return
-        self.tokens[node.stage] += 1
-        detect_s = self.sim.scenario.dataplane.allreduce_failure_detect_s
-        self.sim.metrics.allreduce_restarts += 1
-        self.engine.at(self.engine.now + detect_s, self._restart, node.stage, self.tokens[node.stage])
+        if self.aggregating and self.reductions.on_crash(node):
+            self.sim.metrics.allreduce_restarts += 1
 
-    def _restart(self, stage: int, token: int) -> None:
-        if token == self.tokens[stage] and stage in self.pending:
-            self._start_allreduce(stage)
+    def admit(self, node: SimNode) -> None:
+        """A joiner has its state: it serves now, or after the step if an aggregation is running."""
+        if self.aggregating:
+            self.ready.append(node)
+        else:
+            self.sim.activate(node)
 
     def _end_iteration(self) -> None:
         self.sim.metrics.on_iteration(self.iteration, self.started_s, self.engine.now)

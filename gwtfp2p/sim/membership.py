@@ -3,27 +3,48 @@
 A joiner downloads its stage's weights and optimizer state from the live replica it can fetch
 them from fastest (a bulk transfer on the simulated network, queued like any other); if that
 replica dies first, it starts again from another one. With no live replica of its stage left, it
-restores the checkpoint the data holders keep of every stage (DESIGN.md §3). A downloaded joiner
+restores the checkpoint the data holders keep of every stage (docs/design.md §3). A downloaded joiner
 becomes active (visible to the routers) at once, or after the step if an aggregation is running;
 it takes part in the aggregation that closes its first iteration. Owns no routing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gwtfp2p.sim.churn import Crash, Join
-from gwtfp2p.sim.cluster import SimNode
-from gwtfp2p.sim.compute import STATE_BYTES_PER_PARAM, stage_param_count
+from gwtfp2p.sim.churn import Crash, Join, NodePlan, Trace
+from gwtfp2p.sim.cluster import Cluster, SimNode
+from gwtfp2p.sim.compute import STATE_BYTES_PER_PARAM, ModelSpec, stage_param_count
+from gwtfp2p.sim.engine import Engine
+from gwtfp2p.sim.metrics import Metrics
+from gwtfp2p.sim.network import Network
+from gwtfp2p.sim.params import Scenario
+from gwtfp2p.sim.ports import CrashHandler, JoinGate
 
-if TYPE_CHECKING:
-    from gwtfp2p.sim.simulation import Simulation
 
+class MembershipHost(Protocol):
+    """What membership uses of the run."""
+
+    engine: Engine
+    scenario: Scenario
+    model: ModelSpec
+    trace: Trace
+    cluster: Cluster
+    network: Network
+    metrics: Metrics
+
+    def make_node(self, plan: NodePlan) -> SimNode:
+        """Create ``plan``'s node (not serving yet)."""
+
+    def activate(self, node: SimNode) -> None:
+        """``node`` starts serving."""
 
 
 class Membership:
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: MembershipHost, crashes: CrashHandler, joins: JoinGate) -> None:
         self.sim = sim
+        self.crashes = crashes
+        self.joins = joins
         self.engine = sim.engine
         n_stages = sim.scenario.n_stages
         self.state_bytes = [STATE_BYTES_PER_PARAM * stage_param_count(sim.model, s, n_stages)
@@ -39,7 +60,7 @@ class Membership:
         if isinstance(event, Crash):
             node = self.sim.cluster.nodes.get(event.node_id)
             if node is not None and node.alive:
-                self.sim.recovery.on_crash(node, event)
+                self.crashes.on_crash(node, event)
             return
         node = self.sim.make_node(event.node)
         self.sim.metrics.joins.append((self.engine.now, node.node_id, node.stage))
@@ -64,7 +85,4 @@ class Membership:
         if self.sim.cluster.nodes[source].died_s < depart:
             self._download(node)  # the source died mid-transfer: fetch again from another replica
             return
-        if self.sim.iterations.aggregating:
-            self.sim.iterations.ready.append(node)  # joins the next iteration once the step is taken
-        else:
-            self.sim.activate(node)  # serves now with the current weights; aggregates at the boundary
+        self.joins.admit(node)  # serves now, or once a running step is taken

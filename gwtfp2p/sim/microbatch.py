@@ -22,7 +22,6 @@ class Microbatch:
         "dispatched_s",
         "done",
         "fwd_depart",
-        "grad_resent",
         "grad_waiting",
         "holder",
         "iteration",
@@ -30,7 +29,6 @@ class Microbatch:
         "mb_id",
         "path",
         "recomputed",
-        "request_start",
         "state",
         "tag",
         "unit",
@@ -47,11 +45,9 @@ class Microbatch:
         self.state = [NONE] * n
         self.attempt = [0] * n
         self.tag: list[object] = [None] * n  # the router's label of the hop into each position
-        self.request_start = [0.0] * n  # when the input (forward) / gradient (backward) was sent
         self.fwd_depart = [0.0] * n  # when the input to a position left its sender
         self.bwd_depart = [0.0] * n  # when the gradient to a position left its sender
         self.grad_waiting = [False] * n  # the gradient arrived while the forward was being recomputed
-        self.grad_resent = [False] * n  # a retry already asked the downstream for its gradient
         self.checkpointed = [False] * n  # the holder kept only the input (no memory slot was free)
         self.dispatched_s = 0.0
         self.unit: object = None  # the router's flow unit this microbatch occupies at its data holder

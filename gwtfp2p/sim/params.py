@@ -9,49 +9,106 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gwtfp2p.config import ConfigError, FlowParams, require, require_positive
+from gwtfp2p.config import WIRE_CODECS, ConfigError, FlowParams, require, require_positive
 from gwtfp2p.sim.compute import get_model
 from gwtfp2p.sim.network import NetworkSpec
 
 CRASH_MODES = ("silent", "refused")
 COMPUTE_KINDS = ("homogeneous", "heterogeneous")
-ROUTERS = ("gwtf", "swarm", "oracle")
+ROUTERS = ("gwtf", "swarm", "oracle")  # what a run compares by default
+SWARM_ROUTERS = ("swarm", "swarm-barrier")  # swarm-barrier: SWARM held to the shared iteration barrier
+ALL_ROUTERS = (*ROUTERS, "swarm-barrier")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataPlaneParams:
-    """Failure detection and timeouts of the shared data plane (GWTF's side where they differ)."""
+    """How crashes show and what the shared data plane waits for."""
 
-    crash_mode: str = "silent"  # silent: the machine vanishes; refused: the process dies, its host answers
-    heartbeat_s: float = 2.0  # GWTF liveness records: refreshed every period, expire after two
-    ack_timeout_factor: float = 3.0  # adaptive ack timeout = factor × (RTT + transfer), with a floor
-    ack_timeout_floor_s: float = 0.5
-    allreduce_failure_detect_s: float = 5.0  # a replica dying mid-all-reduce is noticed after this
+    crash_mode: str = "silent"
+    """silent: the machine vanishes, nothing answers; refused: the process died, its host refuses
+    connections at once and resets the open ones."""
+    allreduce_failure_detect_s: float = 5.0
+    """A replica dying mid-all-reduce is noticed after this long (hivemind's averager timeouts)."""
 
     def __post_init__(self) -> None:
         require(self.crash_mode in CRASH_MODES, "--crash-mode", f"must be one of {', '.join(CRASH_MODES)}")
-        require_positive(self.heartbeat_s, "--heartbeat-s")
-        require(self.ack_timeout_factor >= 1.0, "--ack-timeout-factor", "must be >= 1 (1 = exactly RTT + transfer)")
-        require(self.ack_timeout_floor_s >= 0, "--ack-timeout-floor-s", "must be >= 0")
         require(self.allreduce_failure_detect_s >= 0, "--allreduce-detect-s", "must be >= 0")
 
-    def heartbeat_detect_s(self, u: float) -> float:
-        """Record expiry after a crash: the last beat was u·period ago, the record lives two periods."""
-        return self.heartbeat_s * (2.0 - u)
+
+@dataclass(frozen=True, kw_only=True)
+class SensingParams:
+    """What a gwtf node measures of its neighbours, as the daemon measures it (gwtfp2p/daemon:
+    ``links.py``, ``peers.py``, ``liveness.py``; docs/churn.md)."""
+
+    refused_detect_mean_s: float = 1.2
+    """Refused crashes: each node that deals with the dead one learns of the death after its own draw
+    from a lognormal with this mean (docs/churn.md, 30 chaos runs: send -> loss detected 1.23 s)."""
+    refused_detect_p95_s: float = 2.5
+    """... and this 95th percentile (the same runs: 2.50 s)."""
+    heartbeat_s: float = 2.0
+    """Silent crashes: liveness records are refreshed every period and expire after two; a node
+    reads them once a period (at its own phase), then pings the suspect."""
+    ping_timeout_s: float = 5.0
+    """A suspect that does not answer a ping within this is dead (daemon ``peers.PING_TIMEOUT_S``)."""
+    probe_period_s: float = 8.0
+    """Every neighbour is pinged this often and its edge cost re-measured (daemon: 4 flow ticks)."""
+    probe_jitter_fraction: float = 0.1
+    """A ping measures the round trip plus queueing: RTT x (1 + an exponential draw of this mean)."""
+    rtt_ema_alpha: float = 0.3
+    """Smoothing of the measured round trip (daemon ``LinkTable``)."""
+    bandwidth_ema_alpha: float = 0.2
+    """Smoothing of the bandwidth seen on activation transfers, queueing included (``LinkTable``)."""
+    default_bandwidth_bytes_per_s: float = 1e9
+    """Bandwidth assumed before a transfer was seen (daemon ``--bandwidth`` default)."""
+    cost_tolerance: float = 0.2
+    """A re-measured edge cost replaces the flow's only if it differs by more than this fraction
+    (and more than 2 ms): the daemon's hysteresis against noise (``links.cost_changed``)."""
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--detect-mean-s", self.refused_detect_mean_s),
+                            ("--heartbeat-s", self.heartbeat_s), ("--ping-timeout-s", self.ping_timeout_s),
+                            ("--probe-period-s", self.probe_period_s),
+                            ("--default-bandwidth", self.default_bandwidth_bytes_per_s)):
+            require_positive(value, flag)
+        require(self.refused_detect_p95_s > self.refused_detect_mean_s, "--detect-p95-s",
+                "must exceed --detect-mean-s (a right-skewed delay)")
+        require(0 <= self.probe_jitter_fraction <= 10, "--probe-jitter", "must be within 0..10")
+        for flag, value in (("--rtt-ema-alpha", self.rtt_ema_alpha),
+                            ("--bandwidth-ema-alpha", self.bandwidth_ema_alpha)):
+            require(0 < value <= 1, flag, "must be within (0, 1]")
+        require(0 <= self.cost_tolerance < 1, "--cost-tolerance", "must be within [0, 1)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SwarmParams:
-    """SWARM parallelism's released defaults (yandex-research/swarm, see docs/sim.md)."""
+    """SWARM parallelism as released: each value cites its line of yandex-research/swarm (C =
+    swarm/pipeline/src/moe/client, S = swarm/pipeline/src/moe/server, O = swarm/pipeline/src/optim)."""
 
-    forward_timeout_s: float = 30.0  # train_pipeline.py TIMEOUT
-    backward_timeout_s: float = 75.0  # BACKWARD_TIMEOUT = TIMEOUT * 2.5
-    backward_task_multiplier: float = 2.5  # BalancedRemoteExpert.backward_task_size_multiplier
-    ema_alpha: float = 0.1  # PerformanceEMA
-    initial_seconds_per_sample: float = 1.0  # ExpertBalancer.initial_throughput (used as s/sample)
-    balancer_update_period_s: float = 30.0  # ExpertBalancer.update_period
-    declare_period_s: float = 30.0  # Server.update_period: experts re-declared this often
-    record_expiration_s: float = 300.0  # declare_experts(expiration=300)
+    forward_timeout_s: float = 30.0
+    """swarm/train_pipeline.py:21 TIMEOUT."""
+    backward_timeout_s: float = 75.0
+    """swarm/train_pipeline.py:22 BACKWARD_TIMEOUT = TIMEOUT * 2.5."""
+    backward_task_multiplier: float = 2.5
+    """C/balanced_expert.py:31 backward_task_size_multiplier (the heap's charge for a backward)."""
+    ema_alpha: float = 0.1
+    """O/performance_ema.py:14 PerformanceEMA alpha."""
+    initial_seconds_per_sample: float = 1.0
+    """C/balancer.py:22 initial_throughput, used as seconds per sample (C/balancer.py:125)."""
+    balancer_update_period_s: float = 30.0
+    """C/balanced_expert.py:30 update_period: each balancer re-reads the DHT this often."""
+    declare_period_s: float = 30.0
+    """S/__init__.py:63 update_period: servers re-declare their experts this often."""
+    record_expiration_s: float = 300.0
+    """S/dht_handler.py:37 declare_experts(expiration=300)."""
+    trainers_per_dh: int = 0
+    """Sequential trainer processes per data holder, one microbatch each in flight (the release
+    starts 4 per machine, swarm/setup_and_launch_trainer.sh:21); 0: as many as the data holder's
+    microbatches per iteration, so SWARM has as many in flight as gwtf's demand."""
+    recompute: bool = True
+    """Ablation switch, not SWARM: False charges a backward only its backward (servers that kept the
+    activations). Used to attribute the ``ideal`` gap (docs/benchmarks.md)."""
+    backward_to_forward_server: bool = False
+    """Ablation switch, not SWARM: True sends a backward to its forward's server, past the heap."""
 
     def __post_init__(self) -> None:
         for flag, value in (("--swarm-forward-timeout-s", self.forward_timeout_s),
@@ -65,9 +122,11 @@ class SwarmParams:
         require(0 < self.ema_alpha <= 1, "--swarm-ema-alpha", "must be within (0, 1]")
         require(self.record_expiration_s >= self.declare_period_s, "--swarm-record-expiration-s",
                 "must be >= --swarm-declare-period-s or live experts vanish between declarations")
+        require(isinstance(self.trainers_per_dh, int) and self.trainers_per_dh >= 0, "--swarm-trainers",
+                "must be an integer >= 0 (0: one per microbatch of an iteration)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Scenario:
     """One named experiment: swarm shape, model, network, compute mix, churn and run length."""
 
@@ -87,7 +146,16 @@ class Scenario:
     min_replicas_after_crash: int = 2
     max_slots: int = 0  # cap on any node's memory slots (0: memory decides alone)
     flow_tick_s: float = 2.0
+    flow_uplink_aware: bool = True
+    """gwtf and the oracle price a node's shared uplink (``flow.load``): one more unit through a
+    node waits for the ones it already sends. It matters only where uploads share an uplink (home)."""
+    flow_iteration_budget_s: float = 0.0
+    """With a budget, a node carries at most the units its GPU and uplink serve in this time (0: memory)."""
+    codec: str = "none"
+    """The wire codec of activations, gradients and the all-reduce (``RunSpec.forward_codec`` and friends):
+    none sends what the GPUs compute (bf16, 2 bytes a value); blockwise8 about 1 byte."""
     dataplane: DataPlaneParams = field(default_factory=DataPlaneParams)
+    sensing: SensingParams = field(default_factory=SensingParams)
     swarm: SwarmParams = field(default_factory=SwarmParams)
 
     def __post_init__(self) -> None:
@@ -103,6 +171,9 @@ class Scenario:
             require(math.isfinite(value) and 0 <= value <= 1000, flag, f"must be within 0..1000 %/h, got {value!r}")
         require_positive(self.horizon_s, "--horizon-s")
         require_positive(self.flow_tick_s, "--flow-tick-s")
+        require(math.isfinite(self.flow_iteration_budget_s) and self.flow_iteration_budget_s >= 0,
+                "--flow-iteration-budget-s", "must be a finite number of seconds >= 0 (0: memory alone bounds)")
+        require(self.codec in WIRE_CODECS, "--codec", f"must be one of {', '.join(WIRE_CODECS)}, got {self.codec!r}")
         require(isinstance(self.max_slots, int) and self.max_slots >= 0, "--max-slots",
                 "must be an integer >= 0 (0: no cap)")
         require(isinstance(self.min_replicas_after_crash, int) and self.min_replicas_after_crash >= 1,
@@ -118,10 +189,10 @@ class Scenario:
         return self.data_holders * self.microbatches_per_dh
 
     def flow_params(self) -> FlowParams:
-        return FlowParams(tick_s=self.flow_tick_s)
+        return FlowParams(tick_s=self.flow_tick_s, iteration_budget_s=self.flow_iteration_budget_s)
 
 
 def check_router(name: str) -> str:
-    if name not in ROUTERS:
-        raise ConfigError(f"--router: unknown router {name!r}; choose from {', '.join(ROUTERS)}")
+    if name not in ALL_ROUTERS:
+        raise ConfigError(f"--router: unknown router {name!r}; choose from {', '.join(ALL_ROUTERS)}")
     return name

@@ -1,4 +1,4 @@
-"""Crashes and recovery in the data plane (DESIGN.md §3, and SWARM's hop retry).
+"""Crashes and recovery in the data plane (docs/design.md §3, and SWARM's hop retry).
 
 A crash loses the node's activations, queued work and accumulated gradients (counted as wasted
 GPU time). Every microbatch position it held is recovered once its loss is detected (when, the
@@ -11,27 +11,40 @@ together with the retried request (SWARM). Owns no routing choices.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from gwtfp2p.sim.churn import Crash
-from gwtfp2p.sim.cluster import BACKWARD, FORWARD, LOSS, SimNode
+from gwtfp2p.sim.cluster import FORWARD, Cluster, SimNode, crash_phase
+from gwtfp2p.sim.dataplane import DataPlane
+from gwtfp2p.sim.engine import Engine
+from gwtfp2p.sim.metrics import Metrics
 from gwtfp2p.sim.microbatch import BWD_DONE, FWD_DONE, IN_BWD, NONE, QUEUED_BWD, Microbatch
-
-if TYPE_CHECKING:
-    from gwtfp2p.sim.simulation import Simulation
+from gwtfp2p.sim.ports import CrashWatcher
+from gwtfp2p.sim.routers.base import Router
 
 RETRY_S = 1.0  # when no replacement is known yet, look again after this long
 
 
+class RecoveryHost(Protocol):
+    """What recovery uses of the run."""
+
+    engine: Engine
+    cluster: Cluster
+    router: Router
+    metrics: Metrics
+    iterations: CrashWatcher
+    dataplane: DataPlane
+
+
 class Recovery:
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RecoveryHost) -> None:
         self.sim = sim
         self.engine = sim.engine
         self.nodes = sim.cluster.nodes
 
     def on_crash(self, node: SimNode, event: Crash) -> None:
         now = self.engine.now
-        phase = self._phase(node)
+        phase = crash_phase(node, self.sim.iterations.aggregating_with(node))
         was_active = node.active
         lost = self.sim.cluster.kill(node, now)
         self.sim.metrics.on_crash(now, node.node_id, phase, lost)
@@ -49,15 +62,6 @@ class Recovery:
             router.on_crash(node.node_id, event.phase_u)
         self.sim.iterations.on_crash(node)
 
-    def _phase(self, node: SimNode) -> str:
-        if self.sim.iterations.aggregating_with(node):
-            return "aggregation"
-        if not node.active:
-            return "joining"
-        if node.running is not None:
-            return {FORWARD: "forward", BACKWARD: "backward", LOSS: "loss"}[node.running[0]]
-        return "holding" if node.slot_holders else "idle"
-
     @staticmethod
     def _lost(m: Microbatch, pos: int, crash_s: float) -> bool:
         state = m.state[pos]
@@ -74,7 +78,7 @@ class Recovery:
 
     def _send_failure_detected(self, m: Microbatch, pos: int, kind: int, sender: str, dead: str) -> None:
         router = self.sim.router
-        if m.done or m.holder[pos] != dead or not router.detector_alive(m, sender):
+        if m.done or m.holder[pos] != dead or not self.nodes[sender].alive:
             return
         router.on_failure_detected(m, sender, dead)
         if kind == FORWARD:
@@ -107,10 +111,4 @@ class Recovery:
             return
         m.recomputed += 1
         self.sim.metrics.recoveries += 1
-        downstream = m.holder[pos + 1]
-        resend_gradient = (not router.dedupe_by_duplicate and m.state[pos + 1] == BWD_DONE
-                           and self.nodes[downstream].alive)
         self.sim.dataplane.send_forward(m, up, target, None)
-        if resend_gradient:  # SWARM: inputs and gradient travel with the retried request
-            m.grad_resent[pos] = True
-            self.sim.dataplane.send_backward(m, pos)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from gwtfp2p.flow.costs import edge_cost_s
 from gwtfp2p.flow.geo import geo10
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec, adjacent_stages, edge_key
+from gwtfp2p.flow.load import NodeResources
 from gwtfp2p.sim.churn import NodePlan, Trace, make_trace
 from gwtfp2p.sim.cluster import Cluster, SimNode
 from gwtfp2p.sim.compute import NodeCompute, get_gpu, get_model, holder_compute, relay_compute
@@ -23,9 +25,10 @@ from gwtfp2p.sim.iteration import Iterations
 from gwtfp2p.sim.membership import Membership
 from gwtfp2p.sim.metrics import Metrics, RunSummary
 from gwtfp2p.sim.network import Network
-from gwtfp2p.sim.params import Scenario
+from gwtfp2p.sim.params import SWARM_ROUTERS, Scenario, check_router
 from gwtfp2p.sim.recovery import Recovery
-from gwtfp2p.sim.routers import make_router
+from gwtfp2p.sim.routers import Router, make_router
+from gwtfp2p.sim.swarm import SwarmTraining
 
 
 @dataclass
@@ -37,11 +40,42 @@ class RunResult:
     crash_phases: dict[str, int] = field(default_factory=dict)
 
 
+class Training(Protocol):
+    """What the run drives, whichever router: start, activations, and the control-plane count."""
+
+    control_messages: int
+
+    def start(self) -> None:
+        """Start training (the initial members are active)."""
+
+    def on_activate(self, node_id: str) -> None:
+        """A joiner starts serving."""
+
+
+class SyncTraining:
+    """gwtf and the oracle: the router builds its routing state, the iterations send microbatches."""
+
+    def __init__(self, router: Router, iterations: Iterations) -> None:
+        self.router = router
+        self.iterations = iterations
+
+    @property
+    def control_messages(self) -> int:
+        return self.router.control_messages
+
+    def start(self) -> None:
+        self.router.start()
+        self.iterations.start()
+
+    def on_activate(self, node_id: str) -> None:
+        self.router.on_activate(node_id)
+
+
 class Simulation:
     def __init__(self, scenario: Scenario, seed: int, router: str, trace: Trace | None = None) -> None:
         self.scenario = scenario
         self.seed = seed
-        self.model = get_model(scenario.model)
+        self.model = replace(get_model(scenario.model), codec=scenario.codec)
         self.layers = self.model.stage_layers(scenario.n_stages)
         self.engine = Engine()
         self.network = Network(scenario.network)
@@ -49,12 +83,21 @@ class Simulation:
         self._compute: dict[str, NodeCompute] = {}
         self._costs: dict[tuple[str, str], float] = {}
         self.trace = trace if trace is not None else make_trace(scenario, seed, self.slots_of)
-        self.metrics = Metrics(self)
-        self.iterations = Iterations(self)
-        self.router = make_router(router, self)
-        self.dataplane = DataPlane(self)
-        self.recovery = Recovery(self)
-        self.membership = Membership(self)
+        self.metrics = Metrics(scenario, self.engine, self.cluster, self.edge_cost)
+        self.router_name = check_router(router)
+        self.started = False
+        if router in SWARM_ROUTERS:  # SWARM's own request loop and steps on the shared models
+            self.swarm = SwarmTraining(self, barrier=router == "swarm-barrier")
+            self.training: Training = self.swarm
+            crashes, joins = self.swarm, self.swarm
+        else:  # a router on the shared data plane, held to the iteration barrier
+            self.iterations = Iterations(self)
+            self.router = make_router(router, self)
+            self.dataplane = DataPlane(self)
+            self.recovery = Recovery(self)
+            self.training = SyncTraining(self.router, self.iterations)
+            crashes, joins = self.recovery, self.iterations
+        self.membership = Membership(self, crashes, joins)
 
     # -- models ----------------------------------------------------------------------------------
     def compute_of(self, plan: NodePlan) -> NodeCompute:
@@ -90,17 +133,29 @@ class Simulation:
             self._costs[key] = cost
         return cost
 
+    def resources_of(self, node: SimNode) -> NodeResources:
+        """GPU and uplink seconds per unit (``flow.load``). A unit uploads its activations forward
+        and its gradient backward; the uplink counts where a node's uploads share it (home)."""
+        compute_s = node.forward_s + node.backward_s
+        uplink = self.network.access.get(node.node_id, (0.0, 0.0))[0]
+        if not self.scenario.flow_uplink_aware or self.network.spec.kind != "home" or uplink <= 0:
+            return NodeResources(compute_s_per_unit=compute_s)
+        return NodeResources.from_uplink(compute_s_per_unit=compute_s, uplink_bytes_per_s=uplink,
+                                         upload_bytes_per_unit=2 * self.model.activation_bytes)
+
     def flow_instance(self, idle_holders: frozenset[str] = frozenset()) -> FlowInstance:
         """The live, active swarm as a flow instance (for the oracle); idle holders want nothing."""
         scenario = self.scenario
+        budget = scenario.flow_iteration_budget_s
         members = [n for stage in self.cluster.active_by_stage for n in stage if self.cluster.nodes[n].alive]
         specs = []
         for node_id in members:
             node = self.cluster.nodes[node_id]
-            specs.append(NodeSpec(node_id, node.stage, 0 if node.is_data_holder else node.slots,
-                                  scenario.microbatches_per_dh if node.is_data_holder and node_id not in idle_holders
-                                  else 0,
-                                  node.forward_s + node.backward_s, node.plan.location))
+            resources = self.resources_of(node)
+            wanted = scenario.microbatches_per_dh if node.is_data_holder and node_id not in idle_holders else 0
+            capacity = 0 if node.is_data_holder else resources.capacity(node.slots, budget)
+            specs.append(NodeSpec(node_id, node.stage, capacity, resources.capacity(wanted, budget),
+                                  node.forward_s + node.backward_s, node.plan.location, resources.uplink_s_per_unit))
         costs = {}
         for i, a in enumerate(specs):
             for b in specs[i + 1:]:
@@ -118,15 +173,15 @@ class Simulation:
     def activate(self, node: SimNode) -> None:
         node.born_s = self.engine.now
         self.cluster.activate(node)
-        if self.engine.now > 0 or self.iterations.iteration > 0:
-            self.router.on_activate(node.node_id)
+        if self.started:
+            self.training.on_activate(node.node_id)
 
     # -- running -----------------------------------------------------------------------------------
     def start(self) -> None:
         """Create the initial swarm, schedule the trace and start the first iteration."""
         self.membership.start()
-        self.router.start()
-        self.iterations.start()
+        self.started = True
+        self.training.start()
 
     def run(self, bin_s: float | None = None) -> RunResult:
         self.start()
@@ -134,7 +189,7 @@ class Simulation:
         return self.result(bin_s)
 
     def result(self, bin_s: float | None = None) -> RunResult:
-        summary = self.metrics.summary(self.router.name, self.seed)
+        summary = self.metrics.summary(self.router_name, self.seed, self.training.control_messages)
         phases: dict[str, int] = {}
         for _, _, phase, _ in self.metrics.crashes:
             phases[phase] = phases.get(phase, 0) + 1

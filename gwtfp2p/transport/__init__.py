@@ -1,4 +1,4 @@
-"""gwtfp2p.transport: tensor codec, RPC servicer + client over hivemind P2P, link emulation (DESIGN.md §4).
+"""gwtfp2p.transport: tensor codec, RPC servicer + client over hivemind P2P, link emulation (docs/architecture.md).
 
 Start with ``Transport.start(p2p, handlers)`` (or ``Transport.standalone``); see docs/transport.md.
 Importing this package imports hivemind (≈3 s, mostly torch).

@@ -20,8 +20,11 @@ import torch
 from hivemind.p2p import P2P, P2PDaemonError, P2PHandlerError, PeerID
 from hivemind.proto import runtime_pb2
 
-from gwtfp2p.transport.codec import iter_chunks, tensor_header, tensor_nbytes
+from gwtfp2p.transport.codec import iter_chunks, raw_bytes, tensor_header, tensor_nbytes
+from gwtfp2p.transport.compression import encode
 from gwtfp2p.transport.control_link import ControlLinkReset
+from gwtfp2p.transport.direct import DirectClient, DirectFailed, exchange
+from gwtfp2p.transport.direct import handler_name as direct_handler
 from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable, ProtocolError, RemoteError, TransportError
 from gwtfp2p.transport.framing import StreamClosed, frame, read_chunk, read_frame
 from gwtfp2p.transport.limits import TransportLimits
@@ -29,6 +32,7 @@ from gwtfp2p.transport.link_emulation import LinkEmulator
 from gwtfp2p.transport.messages import (
     MAX_META_BYTES,
     Ack,
+    DirectTicket,
     FetchedState,
     FetchRequest,
     PingResult,
@@ -40,6 +44,7 @@ from gwtfp2p.transport.messages import (
 from gwtfp2p.transport.servicer import TransportServicer, sha256_hex
 
 T = TypeVar("T")
+ENCODE_IN_THREAD_VALUES = 1 << 16  # larger tensors are encoded off the event loop (torch releases the GIL)
 _UNREACHABLE_ERRORS = (P2PDaemonError, ConnectionError, asyncio.IncompleteReadError, EOFError, OSError)
 
 
@@ -57,6 +62,15 @@ def _consume_result(call: asyncio.Future) -> None:
         call.exception()
 
 
+async def wire_payload(tensor: torch.Tensor, codec: str) -> torch.Tensor:
+    """What goes on the wire for ``tensor``: itself (``none``) or its encoding under ``codec``."""
+    if codec == "none":
+        return tensor
+    if tensor.numel() <= ENCODE_IN_THREAD_VALUES:
+        return encode(tensor, codec)
+    return await asyncio.to_thread(encode, tensor, codec)
+
+
 class TransportClient:
     """Outgoing RPCs of one node over a hivemind ``P2P`` handle."""
 
@@ -64,6 +78,7 @@ class TransportClient:
         self._p2p = p2p
         self.limits = limits
         self.link = link
+        self.direct = DirectClient(self._ask_ticket, self._peer_ips) if limits.direct_channel else None
 
     def _peer(self, peer_id: str) -> PeerID:
         try:
@@ -103,12 +118,11 @@ class TransportClient:
 
     # ----- forward / backward -----
 
-    async def _send_tensor(self, writer: asyncio.StreamWriter, peer_id: str, meta: TransferMeta,
-                           tensor: torch.Tensor) -> None:
-        header = TransferHeader(meta=meta, tensor=tensor_header(tensor)).model_dump_json().encode()
+    async def _send_tensor(self, writer: asyncio.StreamWriter, peer_id: str, header: bytes,
+                           payload: torch.Tensor) -> None:
         await self._delay(peer_id, len(header))  # latency once, then bandwidth per part (pipelined)
         writer.write(frame(header))
-        for chunk in iter_chunks(tensor, self.limits.part_bytes):
+        for chunk in iter_chunks(payload, self.limits.part_bytes):
             await self._delay(peer_id, len(chunk), include_latency=False)
             writer.write(chunk)
             await writer.drain()
@@ -117,9 +131,14 @@ class TransportClient:
     async def _transfer(self, method: str, peer_id: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
         if tensor_nbytes(tensor) > self.limits.max_tensor_bytes:
             raise ValueError(f"tensor of {tensor_nbytes(tensor)} bytes exceeds max_tensor_bytes")
+        header = TransferHeader(meta=meta, tensor=tensor_header(tensor)).model_dump_json().encode()
+        payload = await wire_payload(tensor, meta.codec)
+        raw = await self._direct_transfer(method.removeprefix("bulk_"), peer_id, header, payload)
+        if raw is not None:
+            return await self._ack(method, peer_id, raw)
         async with self._bulk_stream(peer_id, method) as (reader, writer):
             # Read the reply while sending: a peer that refuses early answers before reading it all.
-            sending = asyncio.create_task(self._send_tensor(writer, peer_id, meta, tensor))
+            sending = asyncio.create_task(self._send_tensor(writer, peer_id, header, payload))
             try:
                 raw = await read_frame(reader, MAX_META_BYTES, None, peer_id)
             except StreamClosed as e:
@@ -128,11 +147,44 @@ class TransportClient:
                 sending.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await sending
+        return await self._ack(method, peer_id, raw)
+
+    async def _ack(self, method: str, peer_id: str, raw: bytes) -> Ack:
         reply = _check_reply(raw, peer_id)
         await self._delay(peer_id, len(raw))
         if reply.ack is None:
             raise ProtocolError(f"{method} reply without an ack", peer_id)
         return reply.ack
+
+    async def _direct_transfer(self, kind: str, peer_id: str, header: bytes, payload: torch.Tensor) -> bytes | None:
+        """The transfer over a direct connection (``direct.py``): the raw reply, or None: use libp2p."""
+        if self.direct is None:
+            return None
+        delay = (lambda size, latency: self._delay(peer_id, size, latency)) if self.link is not None else None
+        with contextlib.suppress(DirectFailed):
+            async with self.direct.connection(peer_id) as lease:
+                if lease is None:
+                    return None
+                raw = await exchange(lease.sock, kind, header, raw_bytes(payload), delay, self.limits.part_bytes)
+                lease.keep = parse_wire(Reply, raw, peer_id).ok  # an error reply ends the connection
+                return raw
+        return None
+
+    async def _ask_ticket(self, peer_id: str) -> DirectTicket:
+        try:
+            response = await self._uncancelled_call(self._peer(peer_id), direct_handler(self.limits.namespace), b"")
+        except (*_UNREACHABLE_ERRORS, P2PHandlerError) as e:  # the channel is then tried again later
+            raise PeerUnreachable(f"no direct-channel ticket from {peer_id}: {e}", peer_id) from e
+        ticket = _check_reply(response.metadata, peer_id).direct
+        if ticket is None:
+            raise ProtocolError("a direct-channel answer without a ticket", peer_id)
+        return ticket
+
+    async def _peer_ips(self, peer_id: str) -> list[str]:
+        """The IP addresses our libp2p connections to ``peer_id`` use (none when relayed)."""
+        peer = self._peer(peer_id)
+        addrs = [str(a) for info in await self._p2p.list_peers() if info.peer_id == peer for a in info.addrs]
+        return [m.split("/")[2] for m in addrs if m.split("/")[1:2] in (["ip4"], ["ip6"]) and "p2p-circuit" not in m]
 
     async def forward(self, peer_id: str, meta: TransferMeta, tensor: torch.Tensor, *, timeout_s: float) -> Ack:
         """Send activations for the next hop; returns the receiver's immediate ``Ack``."""
@@ -150,19 +202,19 @@ class TransportClient:
         peer = self._peer(peer_id)
         await self._delay(peer_id, len(metadata))
         try:
-            response = await self._uncancelled_call(peer, method, metadata)
+            response = await self._uncancelled_call(peer, self._name(method), metadata)
         except ControlLinkReset:  # lost with the old control connection (control_link.py): once more
-            response = await self._uncancelled_call(peer, method, metadata)
+            response = await self._uncancelled_call(peer, self._name(method), metadata)
         reply = _check_reply(response.metadata, peer_id)
         await self._delay(peer_id, len(response.metadata))
         return reply
 
-    async def _uncancelled_call(self, peer: PeerID, method: str, metadata: bytes) -> runtime_pb2.ExpertResponse:
+    async def _uncancelled_call(self, peer: PeerID, name: str, metadata: bytes) -> runtime_pb2.ExpertResponse:
         """hivemind's unary call, never cancelled: hivemind's reader of the control connection dies
         (silently, for every call and handler of this node) when an answer comes for a call whose
         future was cancelled a moment before. A caller that stops waiting leaves the call to finish."""
         call = asyncio.ensure_future(self._p2p.call_protobuf_handler(
-            peer, self._name(method), runtime_pb2.ExpertRequest(metadata=metadata), runtime_pb2.ExpertResponse))
+            peer, name, runtime_pb2.ExpertRequest(metadata=metadata), runtime_pb2.ExpertResponse))
         call.add_done_callback(_consume_result)
         return await asyncio.shield(call)
 

@@ -99,6 +99,19 @@ class TensorAssembler:
     def complete(self) -> bool:
         return self.received_bytes == self.expected_bytes
 
+    def next_view(self, max_bytes: int) -> memoryview:
+        """The next ≤ ``max_bytes`` bytes of the tensor's memory, to be filled in place (then ``advance``)."""
+        size = min(max_bytes, self.remaining_bytes)
+        return memoryview(self._bytes[self.received_bytes:self.received_bytes + size]).cast("B")
+
+    def advance(self, size: int) -> bool:
+        """``size`` more bytes were written into ``next_view``'s memory; True once the tensor is complete."""
+        if not 0 <= size <= self.remaining_bytes:
+            raise ProtocolError(f"tensor data overruns its header ({self.received_bytes + size} > "
+                                f"{self.expected_bytes} bytes)", self.peer_id)
+        self.received_bytes += size
+        return self.complete
+
     def add(self, chunk: bytes | bytearray | memoryview) -> bool:
         """Take the next chunk of raw bytes; returns True once the tensor is complete."""
         size = len(chunk)

@@ -1,14 +1,19 @@
-"""Byte framing on hivemind's raw binary streams (the bulk path: tensors and state downloads).
+"""Byte framing on the bulk path: hivemind's raw binary streams and the direct channel's TCP sockets.
 
 A frame is a 4-byte big-endian length and that many bytes (a JSON header or reply); bulk data
 follows a header as exactly the number of raw bytes the header announces. Every read has a
 deadline (None: the caller's own) and a size cap; a stream that ends early raises ``StreamClosed``.
+A ``ByteSource`` reads frames and fills memory in place: ``StreamSource`` from a libp2p stream (one
+copy out of asyncio's buffer), ``SocketSource`` from a non-blocking socket (the kernel writes straight
+into the destination).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+from typing import Protocol
 
 from gwtfp2p.transport.errors import ProtocolError
 
@@ -62,3 +67,54 @@ async def wait_closed_by_peer(reader: asyncio.StreamReader, timeout_s: float) ->
     """
     with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
         await asyncio.wait_for(_discard_until_eof(reader), timeout_s)
+
+
+class ByteSource(Protocol):
+    """Where a request's frames and bulk bytes come from; ``max_read``: the most bytes one read fills."""
+
+    max_read: int
+
+    async def frame(self, max_bytes: int, timeout_s: float | None, peer_id: str = "") -> bytes: ...
+
+    async def read_into(self, view: memoryview, timeout_s: float | None) -> None: ...
+
+
+class StreamSource:
+    """A libp2p stream (``asyncio.StreamReader``), read in parts of ``part_bytes``."""
+
+    def __init__(self, reader: asyncio.StreamReader, part_bytes: int) -> None:
+        self.reader = reader
+        self.max_read = part_bytes
+
+    async def frame(self, max_bytes: int, timeout_s: float | None, peer_id: str = "") -> bytes:
+        return await read_frame(self.reader, max_bytes, timeout_s, peer_id)
+
+    async def read_into(self, view: memoryview, timeout_s: float | None) -> None:
+        view[:] = await _read_exactly(self.reader, len(view), timeout_s)
+
+
+class SocketSource:
+    """A connected non-blocking TCP socket, read on the running event loop with no intermediate copy."""
+
+    max_read = 1 << 62
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    async def read_into(self, view: memoryview, timeout_s: float | None) -> None:
+        loop, done = asyncio.get_running_loop(), 0
+        while done < len(view):
+            n = await asyncio.wait_for(loop.sock_recv_into(self.sock, view[done:]), timeout_s)
+            if n == 0:
+                raise StreamClosed(f"connection closed after {done} of {len(view)} bytes")
+            done += n
+
+    async def frame(self, max_bytes: int, timeout_s: float | None, peer_id: str = "") -> bytes:
+        prefix = bytearray(FRAME_PREFIX_BYTES)
+        await self.read_into(memoryview(prefix), timeout_s)
+        size = int.from_bytes(prefix, "big")
+        if size > max_bytes:
+            raise ProtocolError(f"frame of {size} bytes exceeds {max_bytes}", peer_id)
+        body = bytearray(size)
+        await self.read_into(memoryview(body), timeout_s)
+        return bytes(body)

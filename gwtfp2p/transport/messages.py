@@ -13,6 +13,8 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gwtfp2p.config import WIRE_CODECS
+from gwtfp2p.ids import PeerId
 from gwtfp2p.transport.codec import TensorHeader
 from gwtfp2p.transport.errors import ProtocolError, RemoteErrorKind
 
@@ -21,20 +23,20 @@ MAX_META_BYTES = 16 * 1024
 MAX_PATH_HOPS = 64
 MAX_TAGS = 16
 
-PeerIdStr = Annotated[str, Field(min_length=8, max_length=64, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
 Stage = Annotated[int, Field(ge=0, le=1024)]
 TagKey = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.-]+$")]
 TagValue = bool | int | float | Annotated[str, Field(max_length=128)]
+CodecName = Literal[WIRE_CODECS]  # type: ignore[valid-type]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class MicrobatchId(BaseModel):
-    """Names one microbatch: its data holder, iteration and index (DESIGN §3)."""
+    """Names one microbatch: its data holder, iteration and index (docs/design.md §3)."""
 
     model_config = _STRICT
 
-    data_holder: PeerIdStr
+    data_holder: PeerId
     iteration: Annotated[int, Field(ge=0, le=2**53)]
     index: Annotated[int, Field(ge=0, le=1_000_000)]
 
@@ -53,9 +55,10 @@ class TransferMeta(BaseModel):
     microbatch: MicrobatchId
     stage: Stage  # the stage the receiver serves for this hop (0: the data holder as tail/sink)
     flow_unit: Annotated[str, Field(max_length=64, pattern=r"^[\x20-\x7e]*$")] = ""  # opaque route tag
-    path: Annotated[tuple[PeerIdStr, ...], Field(max_length=MAX_PATH_HOPS)] = ()  # hops so far, source first
+    path: Annotated[tuple[PeerId, ...], Field(max_length=MAX_PATH_HOPS)] = ()  # hops so far, source first
     attempt: Annotated[int, Field(ge=0, le=1000)] = 0  # resend count (recovery)
     tags: Annotated[dict[TagKey, TagValue], Field(max_length=MAX_TAGS)] = Field(default_factory=dict)
+    codec: CodecName = "none"  # how the tensor travels (compression.py): the transport encodes and decodes it
 
 
 class TransferHeader(BaseModel):
@@ -74,7 +77,7 @@ class Ack(BaseModel):
     model_config = _STRICT
 
     accepted: bool = True
-    duplicate: bool = False  # the receiver already holds this microbatch id (DESIGN §3 recovery)
+    duplicate: bool = False  # the receiver already holds this microbatch id (docs/design.md §3 recovery)
     reason: Annotated[str, Field(max_length=200)] = ""
 
 
@@ -106,6 +109,20 @@ class FetchRequest(BaseModel):
     since_iteration: Annotated[int, Field(ge=0)] | None = None  # the steps since then, not the state
 
 
+class DirectTicket(BaseModel):
+    """Where and how to open a direct data channel to the answering peer (``direct.py``): its TCP port and
+    host addresses, the one-time ``token`` that names us there, and the ``proof`` it answers with.
+    Both secrets travel only in this answer, over libp2p's authenticated, encrypted channel."""
+
+    model_config = _STRICT
+
+    port: Annotated[int, Field(ge=1, le=65535)]
+    hosts: Annotated[tuple[Annotated[str, Field(min_length=2, max_length=64, pattern=r"^[0-9A-Fa-f:.]+$")], ...],
+                     Field(max_length=8)] = ()
+    token: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    proof: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
 class Reply(BaseModel):
     """Envelope of every answer: ``ok`` with at most one payload, or an error ``kind`` + message."""
 
@@ -118,6 +135,7 @@ class Reply(BaseModel):
     ack: Ack | None = None
     ping: PingInfo | None = None
     state: StateHeader | None = None
+    direct: DirectTicket | None = None
 
     @classmethod
     def error(cls, kind: RemoteErrorKind, message: str) -> Reply:

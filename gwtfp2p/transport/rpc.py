@@ -12,36 +12,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from hivemind.p2p import P2P, PeerID
-from hivemind.utils.multiaddr import Multiaddr
+from hivemind.p2p import P2P
 
 from gwtfp2p.transport.client import TransportClient
 from gwtfp2p.transport.control_link import ControlLink, watch_control_link
-from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable
+from gwtfp2p.transport.dialback import DialBackService, connect_peer
+from gwtfp2p.transport.direct import DirectServer, open_server
+from gwtfp2p.transport.hello import HelloService
 from gwtfp2p.transport.limits import TransportLimits
 from gwtfp2p.transport.link_emulation import LinkEmulator
+from gwtfp2p.transport.messages import WIRE_VERSION
 from gwtfp2p.transport.servicer import TransportHandlers, TransportServicer
 
 logger = logging.getLogger(__name__)
 CONTROL_CHECK_S = 0.2  # how often the control connection to p2pd is checked (two attribute reads)
 CONTROL_REOPEN_TIMEOUT_S = 5.0
-
-
-def _without_p2p(maddr: Multiaddr) -> Multiaddr:
-    """The transport part of a multiaddr (p2pd's connect wants no trailing ``/p2p/<id>``)."""
-    text = str(maddr)
-    return Multiaddr(text.split("/p2p/")[0]) if "/p2p/" in text else maddr
+DIAL_BACK_TIMEOUT_S = 4.0  # one dial of a reachability check (a NAT drops it: the whole wait)
 
 
 class Transport(TransportClient):
     """RPC endpoint of one node: serves ``handlers``; calls other nodes with the inherited
     ``forward``/``backward``/``send_flow``/``ping``/``fetch_state`` (see ``TransportClient``)."""
 
-    def __init__(self, p2p: P2P, servicer: TransportServicer, link: LinkEmulator | None, owns_p2p: bool):
+    def __init__(self, p2p: P2P, servicer: TransportServicer, link: LinkEmulator | None, owns_p2p: bool,
+                 services: tuple[DialBackService | HelloService, ...] = (), direct: DirectServer | None = None):
         super().__init__(p2p, servicer.limits, link)
         self._servicer = servicer
+        self._direct_server = direct  # our end of direct data channels (``direct.py``)
+        self._services = services  # reachability checks (``dialback.py``), versions (``hello.py``)
         self._owns_p2p = owns_p2p
         self._closed = False
         self.peer_id: str = p2p.peer_id.to_base58()
@@ -51,12 +51,20 @@ class Transport(TransportClient):
 
     @classmethod
     async def start(cls, p2p: P2P, handlers: TransportHandlers, *, limits: TransportLimits | None = None,
-                    link: LinkEmulator | None = None, owns_p2p: bool = False) -> Transport:
-        """Register the RPC handlers on ``p2p`` and return the endpoint."""
+                    link: LinkEmulator | None = None, owns_p2p: bool = False,
+                    versions: Mapping[str, int] | None = None) -> Transport:
+        """Register the RPC handlers on ``p2p`` and return the endpoint; ``versions`` is what ``hello``
+        answers (the daemon's protocol versions; the transport's wire version by default)."""
         limits = limits or TransportLimits()
         servicer = TransportServicer(handlers, limits)
         await servicer.add_p2p_handlers(p2p, namespace=limits.namespace)
-        return cls(p2p, servicer, link, owns_p2p)
+        services = (DialBackService(p2p, limits.namespace, DIAL_BACK_TIMEOUT_S),
+                    HelloService(p2p, limits.namespace, versions or {"wire": WIRE_VERSION}))
+        for service in services:
+            await service.register()
+        direct = (await open_server(p2p, servicer.transfer_reply, limits.namespace, limits.part_timeout_s)
+                  if limits.direct_channel else None)
+        return cls(p2p, servicer, link, owns_p2p, services, direct)
 
     @classmethod
     async def standalone(cls, handlers: TransportHandlers, *, initial_peers: Sequence[str] = (),
@@ -83,19 +91,7 @@ class Transport(TransportClient):
 
     async def connect(self, peer_id: str, maddrs: Sequence[str], *, timeout_s: float) -> None:
         """Open a connection to a peer at known addresses (e.g. from its DHT record)."""
-        try:
-            peer = PeerID.from_base58(peer_id)
-            addrs = [_without_p2p(Multiaddr(m)) for m in maddrs]
-        except Exception as e:
-            raise PeerUnreachable(f"bad peer id or address for {peer_id}: {e}", peer_id) from e
-        try:
-            # hivemind's P2P has no public connect(); its daemon client does
-            await asyncio.wait_for(self._p2p._client.connect(peer, addrs), timeout_s)
-        except asyncio.TimeoutError:
-            raise PeerTimeout(f"connecting to {peer_id} took over {timeout_s:.1f} s", peer_id) from None
-        except Exception as e:
-            raise PeerUnreachable(f"cannot connect to {peer_id}: {str(e).splitlines()[0][:300]}",
-                                  peer_id) from e
+        await connect_peer(self._p2p, peer_id, tuple(maddrs), timeout_s)  # relay circuits too (``maddrs.py``)
 
     async def close(self) -> None:
         """Stop serving (and stop the libp2p daemon if this transport started it); idempotent."""
@@ -105,6 +101,12 @@ class Transport(TransportClient):
         self._watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._watch
+        for service in self._services:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(service.unregister(), 5.0)
+        for direct in (self._direct_server, self.direct):
+            if direct is not None:
+                await direct.close()
         with contextlib.suppress(Exception):
             removal = self._servicer.remove_p2p_handlers(self._p2p, namespace=self.limits.namespace)
             await asyncio.wait_for(removal, 5.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeVar
@@ -19,9 +20,10 @@ import torch
 from hivemind.p2p import P2P, P2PContext, ServicerBase
 from hivemind.proto import runtime_pb2
 
-from gwtfp2p.transport.codec import TensorAssembler
+from gwtfp2p.transport.codec import DTYPES, TensorAssembler, TensorHeader
+from gwtfp2p.transport.compression import FLOAT_DTYPES, decode, wire_nbytes
 from gwtfp2p.transport.errors import ProtocolError, RemoteErrorKind
-from gwtfp2p.transport.framing import read_chunk, read_frame, wait_closed_by_peer, write_frame
+from gwtfp2p.transport.framing import ByteSource, StreamSource, read_frame, wait_closed_by_peer, write_frame
 from gwtfp2p.transport.limits import TransportLimits
 from gwtfp2p.transport.messages import (
     MAX_META_BYTES,
@@ -35,12 +37,14 @@ from gwtfp2p.transport.messages import (
     TransferMeta,
     parse_wire,
 )
+from gwtfp2p.transport.quotas import PeerQuotas
 
 logger = logging.getLogger(__name__)
 MAX_NONCE_BYTES = 8
 HASH_IN_THREAD_BYTES = 2**20
 LINGER_S = 10.0  # longest a server waits for the caller to close a finished stream
 BULK_METHODS = ("bulk_forward", "bulk_backward", "bulk_fetch_state")
+DECODE_IN_THREAD_VALUES = 1 << 16  # larger tensors are decoded off the event loop
 T = TypeVar("T")
 
 
@@ -81,6 +85,34 @@ async def sha256_hex(data: bytes | memoryview) -> str:
     return await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
 
 
+def wire_assembler(header: TransferHeader, max_bytes: int, sender: str) -> TensorAssembler:
+    """Where a transfer's bytes go: the tensor itself (``none``) or its encoded payload (a lossy codec)."""
+    codec = header.meta.codec
+    if codec == "none":
+        return TensorAssembler(header.tensor, max_bytes, sender)
+    dtype = DTYPES[header.tensor.dtype]
+    if dtype not in FLOAT_DTYPES:
+        raise ProtocolError(f"the {codec} codec carries float tensors, not {header.tensor.dtype}", sender)
+    if header.tensor.nbytes > max_bytes:
+        raise ProtocolError(f"tensor of {header.tensor.nbytes} bytes exceeds the {max_bytes} byte limit", sender)
+    size = wire_nbytes(codec, dtype, math.prod(header.tensor.shape))
+    return TensorAssembler(TensorHeader(dtype="uint8", shape=(size,)), max_bytes, sender)
+
+
+async def decoded(header: TransferHeader, received: torch.Tensor, sender: str) -> torch.Tensor:
+    """The tensor a transfer stands for, from what ``wire_assembler`` collected."""
+    codec = header.meta.codec
+    if codec == "none":
+        return received
+    args = (received, codec, DTYPES[header.tensor.dtype], header.tensor.shape)
+    try:
+        if received.numel() <= DECODE_IN_THREAD_VALUES:
+            return decode(*args)
+        return await asyncio.to_thread(decode, *args)
+    except ValueError as e:
+        raise ProtocolError(f"bad {codec} payload: {e}", sender) from e
+
+
 class TransportServicer(ServicerBase):
     """Serves one node's RPCs; register with ``await servicer.add_p2p_handlers(p2p, namespace=...)``."""
 
@@ -88,6 +120,7 @@ class TransportServicer(ServicerBase):
         self.handlers = handlers
         self.limits = limits
         self._inflight = 0
+        self.quotas = PeerQuotas(limits.max_streams_per_peer, limits.max_peer_bytes)
 
     @classmethod
     def bulk_name(cls, namespace: str | None, method: str) -> str:
@@ -127,15 +160,24 @@ class TransportServicer(ServicerBase):
 
     # ----- forward / backward (bulk) -----
 
-    async def _receive_transfer(self, kind: str, sender: str, reader: asyncio.StreamReader) -> Reply:
+    async def _receive_transfer(self, kind: str, sender: str, source: ByteSource) -> Reply:
         timeout_s = self.limits.part_timeout_s
-        header = parse_wire(TransferHeader, await read_frame(reader, MAX_META_BYTES, timeout_s, sender), sender)
-        assembler = TensorAssembler(header.tensor, self.limits.max_tensor_bytes, sender)
-        while not assembler.complete:
-            size = min(self.limits.part_bytes, assembler.remaining_bytes)
-            assembler.add(await read_chunk(reader, size, timeout_s))
-        handler = self.handlers.on_forward if kind == "forward" else self.handlers.on_backward
-        ack = await self._call(kind, handler(sender, header.meta, assembler.tensor()))
+        raw = await source.frame(MAX_META_BYTES, self.limits.header_timeout_s, sender)
+        header = parse_wire(TransferHeader, raw, sender)
+        size = header.tensor.nbytes
+        if not self.quotas.take_bytes(sender, size):
+            raise _Failed("busy", f"over this peer's {self.limits.max_peer_bytes} tensor bytes in memory")
+        try:
+            assembler = wire_assembler(header, self.limits.max_tensor_bytes, sender)
+            while not assembler.complete:
+                view = assembler.next_view(source.max_read)
+                await source.read_into(view, timeout_s)
+                assembler.advance(len(view))
+            tensor = await decoded(header, assembler.tensor(), sender)
+            handler = self.handlers.on_forward if kind == "forward" else self.handlers.on_backward
+            ack = await self._call(kind, handler(sender, header.meta, tensor))
+        finally:
+            self.quotas.give_bytes(sender, size)
         if not isinstance(ack, Ack):
             raise _Failed("internal", f"{kind} handler returned {type(ack).__name__}, not Ack")
         return Reply(ack=ack)
@@ -156,17 +198,38 @@ class TransportServicer(ServicerBase):
     async def _serve_counted(self, what: str, sender: str, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
         """Serve one bulk request; at most ``max_inflight_streams`` at once (lingering not counted)."""
+        if what != "fetch_state":
+            await self._reply(writer, await self.transfer_reply(what, sender,
+                                                                StreamSource(reader, self.limits.part_bytes)))
+            return
+        if not self.quotas.take_stream(sender):
+            await self._reply(writer, Reply.error("busy", "over this peer's share of bulk streams"))
+            return
         self._inflight += 1
         try:
             if self._inflight > self.limits.max_inflight_streams:
                 limit = self.limits.max_inflight_streams
                 await self._reply(writer, Reply.error("busy", f"over {limit} bulk streams in flight"))
-            elif what == "fetch_state":
-                await self._send_state(sender, reader, writer)
             else:
-                await self._reply(writer, await self._guarded(what, self._receive_transfer(what, sender, reader)))
+                await self._send_state(sender, reader, writer)
         finally:
             self._inflight -= 1
+            self.quotas.give_stream(sender)
+
+    async def transfer_reply(self, kind: str, sender: str, source: ByteSource) -> Reply:
+        """Receive one forward or backward from ``source``, hand it to the handler: the reply to send.
+        At most ``max_inflight_streams`` bulk requests at once (libp2p streams and direct ones together);
+        an error reply may come before the tensor was read. One peer holds at most its share (``quotas``)."""
+        if not self.quotas.take_stream(sender):
+            return Reply.error("busy", f"over this peer's {self.limits.max_streams_per_peer} bulk streams in flight")
+        self._inflight += 1
+        try:
+            if self._inflight > self.limits.max_inflight_streams:
+                return Reply.error("busy", f"over {self.limits.max_inflight_streams} bulk streams in flight")
+            return await self._guarded(kind, self._receive_transfer(kind, sender, source))
+        finally:
+            self._inflight -= 1
+            self.quotas.give_stream(sender)
 
     async def _reply(self, writer: asyncio.StreamWriter, reply: Reply) -> None:
         await asyncio.wait_for(write_frame(writer, reply.model_dump_json().encode()), self.limits.part_timeout_s)

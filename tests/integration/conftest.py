@@ -27,6 +27,9 @@ import psutil
 import pytest
 import uvloop
 
+from gwtfp2p.localswarm.processes import FORK_ENV
+from tests.integration.swarm import SESSION_ZYGOTES
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
 LEFTOVER_GRACE_S = 10.0
@@ -70,7 +73,11 @@ def reap(processes: list[psutil.Process], grace_s: float = 3.0) -> None:
 def reap_children_at_session_end() -> Iterator[None]:
     # torch_shm_manager is spared: it exits with its last client, and killing it first makes
     # torch abort ("Broken pipe") when the session later frees shared tensors.
+    # The session's zygote (swarm.SESSION_ZYGOTES) starts here, before any test counts its processes.
+    if os.environ.get(FORK_ENV, "1") != "0":
+        SESSION_ZYGOTES.start()
     yield
+    SESSION_ZYGOTES.close()
     reap(_descendants())
 
 

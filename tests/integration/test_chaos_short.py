@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gwtf_cli.chaos_run import ChaosSetup, run_chaos
+from gwtfp2p.localswarm.chaos_run import ChaosSetup, run_chaos
 
 pytestmark = pytest.mark.timeout(300)
 SETUP = ChaosSetup(iterations=12, rate=0.34, seed=3, link_scale=1.0, limit_s=240.0,

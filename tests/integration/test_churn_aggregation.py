@@ -1,7 +1,8 @@
 """A relay SIGKILLed in the middle of its stage's aggregation, after its contribution reached one
 replica and before it reached the other: the survivors agree on the same contributions (the union
 of what they hold: the one that got it decides at once, the other learns the decision and pulls the
-contribution) without waiting out a deadline, step bit-identically, and training goes on."""
+contribution) without waiting out a deadline, step bit-identically, and training goes on. A relay
+SIGKILLed before sending its contribution at all: the survivors redo its work (``datapath/redo.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from gwtf_cli.demo_cmd import in_sync
+from gwtfp2p.config import RunSpec
+from tests.integration.churn_support import assert_parity
 from tests.integration.swarm import Daemon, Swarm
 from tests.integration.test_daemon_parity import write_spec
 
@@ -22,20 +25,24 @@ def steps_by_iteration(daemon: Daemon) -> dict[int, dict]:
     return {e["iteration"]: e for e in daemon.of("step")}
 
 
-def test_replica_killed_mid_aggregation(tmp_path: Path) -> None:
-    from gwtfp2p.config import RunSpec
-
+def crashing_swarm(swarm: Swarm, tmp_path: Path, point: str) -> tuple[RunSpec, Daemon, Daemon, list[Daemon]]:
+    """A data holder (6 microbatches), stage 1: the victim crashing at ``point`` and two survivors (2 units
+    each: every one of them carries work), stage 2: one relay. (spec, data holder, victim, survivors)."""
     spec = RunSpec(model_family="gpt2", model_preset="tiny", n_stages=2, seed=5, microbatch_size=2, seq_len=16,
                    microbatches_per_dh=6)
+    dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(spec, tmp_path / "spec.json"), "--min-nodes", "5")
+    victim = swarm.spawn_relay("x", "1", "--capacity", "2", env={"GWTF_CRASH_AT": f"{point}:1:{CRASH_ITERATION}"})
+    survivors = [swarm.spawn_relay(name, "1", "--capacity", "2") for name in ("a", "b")]
+    swarm.spawn_relay("s2", "2", "--capacity", "8")
+    for daemon in swarm.daemons[1:]:
+        daemon.wait_ready()
+    return spec, dh, victim, survivors
+
+
+def test_replica_killed_mid_aggregation(tmp_path: Path) -> None:
     swarm = Swarm(tmp_path)
     try:
-        dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(spec, tmp_path / "spec.json"), "--min-nodes", "5")
-        victim = swarm.spawn_relay("x", "1", "--capacity", "2",
-                                   env={"GWTF_CRASH_AT": f"exit_mid_aggregation:1:{CRASH_ITERATION}"})
-        survivors = [swarm.spawn_relay(name, "1", "--capacity", "2") for name in ("a", "b")]
-        swarm.spawn_relay("s2", "2", "--capacity", "8")
-        for daemon in swarm.daemons[1:]:
-            daemon.wait_ready()
+        _, dh, victim, survivors = crashing_swarm(swarm, tmp_path, "exit_mid_aggregation")
         fault = victim.wait_event("fault", 120)
         assert fault["point"] == "exit_mid_aggregation" and fault["iteration"] >= CRASH_ITERATION
         t = fault["iteration"]
@@ -55,5 +62,59 @@ def test_replica_killed_mid_aggregation(tmp_path: Path) -> None:
             if i > t:
                 assert victim.peer_id not in a[i]["members"]
         assert in_sync(swarm.daemons)
+    finally:
+        swarm.close()
+
+
+def test_a_contribution_lost_with_its_replica_is_redone(tmp_path: Path) -> None:
+    """A relay SIGKILLed once its iteration closed (every backward done, its gradient sum not sent): the
+    survivors ask its neighbours for what it computed from, redo its microbatches and step on all of them,
+    so the training is the crash-free one (parity with the reference pipeline, every iteration)."""
+    swarm = Swarm(tmp_path)
+    try:
+        spec, dh, victim, survivors = crashing_swarm(swarm, tmp_path, "exit_before_aggregation")
+        fault = victim.wait_event("fault", 120)
+        t = fault["iteration"]
+        steps = [s.wait_event("step", 90, iteration=t) for s in survivors]
+        assert steps[0]["hash"] == steps[1]["hash"] and steps[0]["count"] == 6, steps
+        assert victim.peer_id not in steps[0]["members"] and steps[0]["dropped"] == [], steps
+        redone = [s.wait_event("recovery", 5, kind="contribution_redone", iteration=t) for s in survivors]
+        assert [r["replicas"] for r in redone] == [[victim.peer_id]] * 2, redone
+        assert len({r["microbatches"] for r in redone}) == 1
+        assert redone[0]["microbatches"] > 0 and redone[0]["unanswered"] == [], redone
+        dh.wait_for(lambda e: e.get("event") == "iteration" and e["iteration"] >= t + 3, 120, "training goes on")
+        assert_parity(spec, [dh], 1)
+        assert in_sync([d for d in swarm.daemons if d is not victim])
+    finally:
+        swarm.close()
+
+
+def test_a_pair_of_neighbouring_replicas_lost_is_redone(tmp_path: Path) -> None:
+    """A relay of stage 1 and one of stage 2 SIGKILLed in the same iteration, once it closed, the flow sending
+    most microbatches through both (they have the capacity, the survivors one unit each): no live neighbour
+    holds the halves of the microbatches that went from one victim to the other, so the survivors rebuild
+    them (``datapath/redo_chain.py``) and every step counts every microbatch (parity, every iteration)."""
+    spec = RunSpec(model_family="gpt2", model_preset="tiny", n_stages=2, seed=5, microbatch_size=2, seq_len=16,
+                   microbatches_per_dh=6)
+    swarm = Swarm(tmp_path)
+    try:
+        dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(spec, tmp_path / "spec.json"), "--min-nodes", "5")
+        victims = [swarm.spawn_relay(f"x{s}", str(s), "--capacity", "8",
+                                     env={"GWTF_CRASH_AT": f"exit_before_aggregation:{s}:{CRASH_ITERATION}"})
+                   for s in (1, 2)]
+        survivors = [swarm.spawn_relay(f"a{s}", str(s), "--capacity", "1") for s in (1, 2)]
+        for daemon in swarm.daemons[1:]:
+            daemon.wait_ready()
+        faults = [v.wait_event("fault", 120) for v in victims]
+        assert faults[0]["iteration"] == faults[1]["iteration"], faults  # both carried work then
+        t = faults[0]["iteration"]
+        steps = [s.wait_event("step", 90, iteration=t) for s in survivors]
+        assert [s["count"] for s in steps] == [6, 6] and all(s["dropped"] == [] for s in steps), steps
+        redone = [s.wait_event("recovery", 5, kind="contribution_redone", iteration=t) for s in survivors]
+        assert all(r["rebuilt"] > 0 and r["unanswered"] == [] for r in redone), redone
+        assert [r["replicas"] for r in redone] == [[v.peer_id] for v in victims], redone
+        dh.wait_for(lambda e: e.get("event") == "iteration" and e["iteration"] >= t + 3, 120, "training goes on")
+        assert_parity(spec, [dh], 1)
+        assert in_sync([d for d in swarm.daemons if d not in victims])
     finally:
         swarm.close()

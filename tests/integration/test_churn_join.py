@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,23 @@ import pytest
 from gwtf_cli.demo_cmd import in_sync
 from tests.integration.swarm import Swarm
 from tests.integration.test_daemon_parity import write_spec
+from tests.integration.test_daemon_placement import gwtf_status
 
 pytestmark = pytest.mark.timeout(300)
 SERVE_DELAY_S = 8.0
 NORMAL_ITERATION_S = 10.0  # an iteration here takes well under a second; a wait for the dead would take 60 s
+
+
+def wait_record_past_zero(maddr: str, peer_id: str, timeout_s: float = 60.0) -> None:
+    """Until ``peer_id``'s DHT record names an iteration past 0 (``gwtf status --json``): a newcomer that
+    reads a record of iteration 0 (not yet refreshed: one heartbeat is 5 s) loads the seeded initial
+    state and replays the steps, with no download to kill."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        nodes = json.loads(gwtf_status(maddr, "--json"))["nodes"]
+        if any(n["peer_id"] == peer_id and n["iteration"] > 0 for n in nodes):
+            return
+    raise TimeoutError(f"no record of {peer_id} past iteration 0 within {timeout_s:.0f} s")
 
 
 def test_newcomer_killed_mid_download_then_newcomer_in_sync(tmp_path: Path) -> None:
@@ -35,9 +49,11 @@ def test_newcomer_killed_mid_download_then_newcomer_in_sync(tmp_path: Path) -> N
         for daemon in swarm.daemons[1:]:
             daemon.wait_ready()
         dh.wait_for(lambda e: e.get("event") == "iteration" and e["iteration"] >= 2, 90, "training")
+        wait_record_past_zero(dh.maddr, server.peer_id)  # else the newcomer starts from the seed and replays
 
         doomed = swarm.spawn_relay("n1", "2", "--capacity", "4")
         doomed.wait_event("downloading", 90)
+        doomed_id = doomed.wait_event("placed", 5)["peer_id"]  # it never gets ready: its id from "placed"
         delay = server.wait_event("delay", 30, point="serve_state")
         os.killpg(doomed.popen.pid, signal.SIGKILL)
         killed_at = delay["time"]
@@ -47,7 +63,7 @@ def test_newcomer_killed_mid_download_then_newcomer_in_sync(tmp_path: Path) -> N
         after_kill = [e for e in dh.of("iteration") if killed_at <= e["time"] <= later["time"]]
         assert after_kill and max(e["seconds"] for e in after_kill) < NORMAL_ITERATION_S, after_kill
         assert server.wait_event("step", 30, iteration=later["iteration"])
-        assert not any("n1" in str(e.get("members")) for e in server.of("step"))
+        assert not any(doomed_id in e.get("members", []) for e in server.of("step"))
 
         newcomer = swarm.start_relay("n2", "2", "--capacity", "4")
         ready = newcomer.ready

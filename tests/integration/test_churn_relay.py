@@ -51,12 +51,13 @@ def crash_relay(swarm: Swarm, tmp_path: Path, point: str, what: str) -> Crashed:
     spec = tiny_spec()
     dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(spec, tmp_path / "spec.json"),
                                  "--max-iterations", str(ITERATIONS), "--min-nodes", "4")
+    # One at a time, the victim first: the flow routes both units through it as soon as stage 2 is there, and
+    # r1b, the last to come, takes none without a real gain. (Started together, r1b was once ready before the
+    # victim, carried both units, and the victim never forwarded anything to crash on.)
     victim = spawn_crashing(swarm, "r1a", f"{point}:1:{CRASH_FROM}", "--stage", "1", *swarm.bootstrap_args(),
-                            "--capacity", "2")
-    r1b = swarm.spawn_relay("r1b", "1", "--capacity", "2")
-    r2 = swarm.spawn_relay("r2", "2")
-    for daemon in (victim, r1b, r2):
-        daemon.wait_ready()
+                            "--capacity", "2").wait_ready()
+    r2 = swarm.spawn_relay("r2", "2").wait_ready()
+    r1b = swarm.spawn_relay("r1b", "1", "--capacity", "2").wait_ready()
     fault = victim.wait_event("fault", 150)
     assert victim.popen.wait(timeout=15) < 0  # killed by the signal, not exited
     dh.wait_event("training_done", 150)

@@ -14,7 +14,6 @@ from tests.integration.churn_support import tiny_spec, write_spec
 from tests.integration.swarm import Swarm
 
 pytestmark = pytest.mark.timeout(300)
-KEEP = ("--replay-steps", "64")  # a stage that steps fast still has every missed step kept
 
 
 def test_newcomer_replays_the_steps_it_missed(tmp_path: Path) -> None:
@@ -23,12 +22,12 @@ def test_newcomer_replays_the_steps_it_missed(tmp_path: Path) -> None:
         dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(tiny_spec(), tmp_path / "spec.json"),
                                      "--min-nodes", "3")
         swarm.spawn_relay("r1", "1")
-        server = swarm.spawn_relay("r2", "2", *KEEP)
+        server = swarm.spawn_relay("r2", "2")
         for daemon in swarm.daemons[1:]:
             daemon.wait_ready()
         dh.wait_for(lambda e: e.get("event") == "iteration" and e["iteration"] >= 2, 90, "training")
 
-        newcomer = swarm.spawn_relay("n2", "2", *KEEP, env={"GWTF_DELAY_AT": "lag_join:2"}).wait_ready(120)
+        newcomer = swarm.spawn_relay("n2", "2", env={"GWTF_DELAY_AT": "lag_join:2"}).wait_ready(120)
         ready = newcomer.ready
         replayed = newcomer.of("replayed")
         assert ready["state_source"] == "replica" and len(newcomer.of("downloading")) == 1, newcomer.events

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gwtfp2p.config import RunSpec
-from gwtfp2p.daemon.parts import load_sampler
+from gwtfp2p.daemon.lifecycle.parts import load_sampler
 from gwtfp2p.model.harness import PipelineHarness
 from tests.integration.swarm import Daemon, Swarm
 

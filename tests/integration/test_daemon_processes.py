@@ -74,7 +74,7 @@ def test_graceful_leave_and_training_goes_on(tmp_path: Path) -> None:
 OWNER = """
 import sys, tempfile
 from pathlib import Path
-from gwtf_cli.local_swarm import Swarm
+from gwtfp2p.localswarm.processes import Swarm
 swarm = Swarm(Path(tempfile.mkdtemp()))
 swarm.start("dh0", "--role", "data")
 print("up", flush=True)

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from gwtf_cli import local_swarm
+from gwtfp2p.localswarm import processes as local_swarm
 
 pytestmark = pytest.mark.timeout(30)
 

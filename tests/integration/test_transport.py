@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import socket
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from gwtfp2p.transport import (
     Transport,
     TransportLimits,
 )
+from gwtfp2p.transport.compression import roundtrip
 from tests.integration.conftest import PeerProcess, run_async, start_peer
 from tests.integration.peer_main import STATE_ITERATION, STATE_STAGE, state_bytes
 
@@ -90,6 +92,28 @@ def test_forward_backward_16mib_round_trip_is_exact(echo_peer: PeerProcess):
     assert ack == Ack()
     assert sender == echo_peer.peer_id and meta.flow_unit == "u1" and meta.tags == {"seq": 1}
     assert echoed.dtype == torch.float32 and torch.equal(echoed, tensor)
+
+
+@pytest.mark.parametrize("codec", ["float16", "bfloat16", "blockwise8"])
+def test_lossy_codecs_travel_encoded_and_decode_alike(echo_peer: PeerProcess, codec: str):
+    """A forward in a lossy codec arrives as the codec's decoding; echoed back in the same codec it is
+    the same values again (the codecs are projections); the meta names the codec on both hops."""
+    tensor = torch.randn(1024, 768, generator=torch.Generator().manual_seed(5)) * 1e-6
+
+    async def scenario():
+        recorder = Recorder()
+        client = await Transport.standalone(recorder, initial_peers=echo_peer.maddrs)
+        try:
+            meta = meta_for(client, 2, codec=codec)
+            echoed = recorder.expect_backward(meta.microbatch.key)
+            await client.forward(echo_peer.peer_id, meta, tensor, timeout_s=30)
+            return await asyncio.wait_for(echoed, 30)
+        finally:
+            await client.close()
+
+    _, meta, echoed = run_async(scenario())
+    assert meta.codec == codec and echoed.dtype == torch.float32 and echoed.shape == tensor.shape
+    assert torch.equal(echoed, roundtrip(tensor, codec)) and not torch.equal(echoed, tensor)
 
 
 def test_concurrent_transfers_stay_separate(echo_peer: PeerProcess):
@@ -208,7 +232,8 @@ class Misbehaving(Recorder):
 
 
 def test_typed_errors_for_bad_requests_and_failing_handlers(monkeypatch):
-    limits = TransportLimits(max_tensor_bytes=4096, handler_timeout_s=0.3, max_inflight_streams=1)
+    limits = TransportLimits(max_tensor_bytes=4096, handler_timeout_s=0.3, max_inflight_streams=1,
+                             max_streams_per_peer=1)
 
     async def scenario():
         server_handlers = Misbehaving()
@@ -293,3 +318,72 @@ def test_connect_reaches_a_peer_known_only_by_its_addresses():
             await server.close()
 
     assert 0 < run_async(scenario()) < 1.0
+
+
+class Sink(Recorder):
+    """Server-side handlers that keep what arrives over any path, with the authenticated sender."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[tuple[str, TransferMeta, torch.Tensor]] = []
+
+    async def on_forward(self, sender: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
+        self.received.append((sender, meta, tensor))
+        return Ack()
+
+
+async def direct_ready(client: Transport, peer_id: str, timeout_s: float = 20.0) -> None:
+    """Wait (bounded) until the client's background attempt opened a direct connection to ``peer_id``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not (client.direct and peer_id in client.direct._peers and client.direct._peers[peer_id].reachable):
+        assert loop.time() < deadline, "no direct connection within the deadline"
+        await asyncio.sleep(0.05)
+
+
+def test_direct_channel_carries_transfers_with_the_authenticated_sender():
+    tensors = [torch.randn(MIB // 4 * (i + 1), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    async def scenario():
+        sink = Sink()
+        server = await Transport.standalone(sink)
+        client = await Transport.standalone(Recorder(), initial_peers=await server.visible_maddrs())
+        try:
+            await client.forward(server.peer_id, meta_for(client, 0), tensors[0], timeout_s=30)  # over libp2p
+            await direct_ready(client, server.peer_id)
+            for i, tensor in enumerate(tensors[1:], start=1):
+                await client.forward(server.peer_id, meta_for(client, i, codec="bfloat16" if i == 2 else "none"),
+                                     tensor, timeout_s=30)
+            return sink.received, server._direct_server.transfers, client.peer_id
+        finally:
+            await client.close()
+            await server.close()
+
+    received, direct_transfers, client_id = run_async(scenario())
+    assert direct_transfers == 2 and [r[0] for r in received] == [client_id] * 3
+    assert torch.equal(received[1][2], tensors[1]) and torch.equal(received[2][2], roundtrip(tensors[2], "bfloat16"))
+
+
+def test_direct_channel_refuses_unknown_tokens_and_falls_back_to_libp2p():
+    async def scenario():
+        sink = Sink()
+        server = await Transport.standalone(sink, limits=TransportLimits(direct_channel=False))
+        direct_server = await Transport.standalone(Sink())
+        client = await Transport.standalone(Recorder(), initial_peers=await server.visible_maddrs())
+        try:
+            for i in range(3):  # the server serves no tickets: every transfer stays on libp2p
+                await client.forward(server.peer_id, meta_for(client, i), torch.ones(1000), timeout_s=30)
+            loop = asyncio.get_running_loop()
+            sock = socket.socket()
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", direct_server._direct_server.port))
+            await loop.sock_sendall(sock, b"\x01" * 32)  # a token nobody issued
+            closed = await asyncio.wait_for(loop.sock_recv(sock, 64), 10)
+            sock.close()
+            return len(sink.received), client.direct._peers[server.peer_id].reachable, closed
+        finally:
+            for transport in (client, server, direct_server):
+                await transport.close()
+
+    delivered, reachable, closed = run_async(scenario())
+    assert delivered == 3 and reachable is False and closed == b""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gwtfp2p.flow.geo import GIB
-from gwtfp2p.sim.iteration import butterfly_allreduce_s
+from gwtfp2p.sim.allreduce import butterfly_allreduce_s
 from gwtfp2p.sim.network import MBIT, Network, NetworkSpec
 
 pytestmark = pytest.mark.timeout(30)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from gwtfp2p.sim.params import SwarmParams
-from gwtfp2p.sim.routers.balancer import Balancer, PerformanceEma
+from gwtfp2p.sim.swarm.balancer import Balancer, PerformanceEma
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,8 +1,9 @@
-"""Recovery (DESIGN.md §3 and SWARM's retry): crashes injected mid-forward, mid-backward, mid-aggregation.
+"""Recovery (docs/design.md §3): crashes injected mid-forward, mid-backward, mid-aggregation.
 
 Each test runs a small seeded swarm, waits for a node to be in the wanted phase, crashes it there
 and checks what the paper claims: every microbatch still completes, only the lost hop is
-recomputed, and failures are noticed as fast as the router's detection allows.
+recomputed, and failures are noticed as fast as the router's detection allows. SWARM's retries
+are tested in test_swarm.py; heavy churn here covers every router.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def finish_iteration(sim: Simulation, iteration: int, limit_s: float = 600.0) ->
     raise AssertionError(f"iteration {iteration} did not finish")
 
 
-@pytest.mark.parametrize("router", ["gwtf", "oracle", "swarm"])
+@pytest.mark.parametrize("router", ["gwtf", "oracle"])
 @pytest.mark.parametrize("kind", [FORWARD, BACKWARD])
 def test_a_crash_mid_compute_redoes_one_hop_per_lost_microbatch(router, kind):
     sim = start(router)
@@ -69,37 +70,33 @@ def test_a_crash_mid_compute_redoes_one_hop_per_lost_microbatch(router, kind):
     assert sim.metrics.wasted_gpu_s() > 0
 
 
-def test_gwtf_notices_within_the_heartbeat_swarm_after_its_timeout():
-    durations = {}
-    for router in ("gwtf", "swarm"):
-        sim = start(router)
-        crash_first(sim, running(FORWARD))
-        iteration = sim.iterations.iteration
-        durations[router] = finish_iteration(sim, iteration)
-    assert durations["gwtf"] < 15.0  # heartbeat expiry (≤ 4 s) + one recomputed hop
-    assert durations["swarm"] >= 30.0  # SWARM's forward timeout on a vanished server
-
-
-def test_a_refused_connection_spares_swarm_its_timeout():
-    sim = start("swarm", dataplane=DataPlaneParams(crash_mode="refused"))
+@pytest.mark.parametrize("mode", ["silent", "refused"])
+def test_gwtf_notices_a_crash_within_its_detection_and_redoes_the_hop(mode):
+    sim = start("gwtf", dataplane=DataPlaneParams(crash_mode=mode))
+    sensing = sim.scenario.sensing
     crash_first(sim, running(FORWARD))
-    assert finish_iteration(sim, sim.iterations.iteration) < 15.0
+    took = finish_iteration(sim, sim.iterations.iteration)
+    # silent: record expiry (<= 2 heartbeats) + a DHT read (<= 1) + the ping timeout; refused: the
+    # chaos runs' delays (p95 2.5 s); then one recomputed hop and the rest of the iteration
+    bound = 3 * sensing.heartbeat_s + sensing.ping_timeout_s if mode == "silent" else 6.0
+    assert took < bound + 8.0
 
 
-@pytest.mark.parametrize("router", ["gwtf", "swarm"])
-def test_a_crash_mid_aggregation_restarts_the_reduction_without_the_node(router):
-    sim = start(router)
+def test_a_crash_mid_aggregation_restarts_the_reduction_without_the_node():
+    sim = start("gwtf")
     dead, _ = crash_first(sim, lambda s, node: s.iterations.aggregating_with(node) and node.stage == 2)
     iteration = sim.iterations.iteration
     finish_iteration(sim, iteration)
     assert sim.metrics.allreduce_restarts == 1
-    assert dead not in sim.iterations.members[2]
+    assert dead not in sim.iterations.reductions.members[2]
     assert sim.metrics.crashes[-1][2] == "aggregation"
 
 
-@pytest.mark.parametrize("router", ["gwtf", "swarm", "oracle"])
+@pytest.mark.parametrize("router", ["gwtf", "swarm", "swarm-barrier", "oracle"])
 def test_a_heavy_churn_run_trains_every_microbatch(router):
-    scenario = small(churn_pct_per_hour=600.0, target_microbatches=1500)
+    # SWARM at a barrier stalls everyone on each 30 s / 75 s timeout: it needs a longer horizon
+    horizon_s = 12 * 3600.0 if router == "swarm-barrier" else 4 * 3600.0
+    scenario = small(churn_pct_per_hour=600.0, target_microbatches=1500, horizon_s=horizon_s)
     summary = Simulation(scenario, 3, router).run().summary
     assert summary.time_to_n_s is not None and summary.completed == 1500
     assert summary.crashes > 3 and summary.joins > 3

@@ -1,4 +1,4 @@
-"""The chaos driver's bookkeeping of armed crash points (``gwtf_cli.chaos.ChaosDriver``) on stand-in daemons.
+"""The chaos driver's bookkeeping of armed crash points (``gwtfp2p.localswarm.chaos.ChaosDriver``) on stand-in daemons.
 
 No process is started: the victim is an object that records the signals sent to it, the holder one
 whose ``iteration`` events are made by hand.
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gwtf_cli.chaos import ChaosDriver, Crash
+from gwtfp2p.localswarm.chaos import ChaosDriver, Crash
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,3 +74,22 @@ def test_a_reached_point_is_recorded_at_the_victims_fault(tmp_path: Path) -> Non
     driver._settle_armed()
     crash = driver.crashes[0]
     assert victim.signals == [] and crash.how == "crash point" and crash.iteration == 29
+
+
+def test_a_victim_needs_another_replica_of_its_stage_that_has_stepped(tmp_path: Path) -> None:
+    """A replacement that is ready but has not stepped may not be a member of the iteration under way: it
+    does not make its stage's other replica killable (a seed-5 churn demo lost a stage's whole iteration so)."""
+    def relay(name: str, stage: int, stepped: bool) -> StandIn:
+        return StandIn(name, [{"event": "ready", "stage": stage}] + ([{"event": "step", "stage": stage}] * stepped))
+
+    old1, fresh1, old2a, old2b = relay("r1", 1, True), relay("j1", 1, False), relay("r2", 2, True), relay("r3", 2, True)
+    relays = [old1, fresh1, old2a, old2b]
+    driver = ChaosDriver(StandIn("dh0"), lambda: relays, lambda name: StandIn(name), rate=0.34, seed=0,
+                         crash_dir=tmp_path, iterations=30)
+    assert [d.name for d in driver._eligible()] == ["j1", "r2", "r3"]  # r1 is its stage's only stepped replica
+    driver.doomed.add("r2")
+    assert [d.name for d in driver._eligible()] == ["j1"]  # r3 is now the last of stage 2
+    fresh1.events.append({"event": "step", "stage": 1})
+    assert [d.name for d in driver._eligible()] == ["r1", "j1"]
+    driver.kill_last = True
+    assert len(driver._eligible()) == 3

@@ -1,10 +1,11 @@
-"""The chaos run's checks and per-crash figures (``gwtf_cli.chaos_figures``) on hand-made events."""
+"""The chaos run's checks and per-crash figures (``gwtfp2p.localswarm.chaos_figures``) on hand-made events."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gwtf_cli.chaos_figures import check_holders, check_parts, crash_figures, p95
+from gwtfp2p.localswarm.chaos_figures import check_holders, check_parts, crash_figures, p95
+from gwtfp2p.localswarm.chaos_run import step_trail
 
 DH = "QmHolder"
 
@@ -63,7 +64,7 @@ def test_survivors_must_agree_but_a_victims_dying_step_may_differ() -> None:
     victim = relay("v", {0: ("x0", 2), 1: ("lonely", 2)})  # decided alone just before it died
     problems, parts = check_parts([dh, survivor, victim], [dh], [crash("v", 1)], 1, 2, 3)
     assert problems == [] and parts == {"dying_steps": 1, "dying_steps_diverged": 1,
-                                        "contributions_lost_with_dead_replicas": 1}
+                                        "contributions_lost_with_dead_replicas": 1, "lossy_iterations": [1]}
     other = relay("b", {0: ("x0", 2), 1: ("x1", 1), 2: ("other", 2)})
     problems, _ = check_parts([dh, survivor, victim, other], [dh], [crash("v", 1)], 1, 2, 3)
     assert problems == ["stage 1 iteration 2: replicas disagree ['other', 'x2']"]
@@ -94,3 +95,29 @@ def test_recomputed_hops_are_attributed_to_the_crash_that_lost_the_hop() -> None
     assert figures["recomputed_hops"] == 2 and figures["affected_microbatches"] == 2
     assert figures["recomputed_hops_per_affected_microbatch"] == 1.0
     assert figures["per_crash"][0]["recovery_extra_s"] == 0.5 and figures["per_crash"][0]["extra_s"] == 2.0
+
+
+def test_a_redo_of_a_victims_work_is_its_crash_cost() -> None:
+    """A ``contribution_redone`` event names the replicas whose work it redid (a list, no microbatch): the
+    iteration it slowed counts for that crash."""
+    dh = holder([1.0, 1.0, 1.0, 1.0, 3.0])
+    redo = Recorded("r", [{"event": "recovery", "kind": "contribution_redone", "microbatch": None, "iteration": 4,
+                           "replicas": ["v"], "microbatches": 2, "recomputed_hops": 2, "extra_s": 0.3}])
+    figures = crash_figures([crash("v", 3)], dh, [dh, redo], 5)
+    assert figures["per_crash"][0]["touched_iterations"] == [3, 4] and figures["per_crash"][0]["extra_s"] == 2.0
+    assert figures["recomputed_hops"] == 0  # not a resend
+    assert (figures["redone_steps"], figures["redone_microbatches"]) == (1, 2)
+
+
+def test_a_failed_runs_trail_tells_each_nodes_steps_in_time_order() -> None:
+    a = Recorded("r10", [{"event": "ready", "time": 1.0, "peer_id": "QmAAAA", "stage": 1, "from_iteration": 0},
+                         {"event": "step", "time": 3.0, "stage": 1, "iteration": 0, "hash": "abcdef12", "count": 2,
+                          "agreement": "fast", "members": ["QmAAAA", "QmBBBB"]}])
+    b = Recorded("join0", [{"event": "resync", "time": 2.0, "stage": 1, "iteration": 0, "reason": "diverged"},
+                           {"event": "iteration", "time": 2.5}])
+    trail = step_trail([a, b])
+    assert [line.split(" ", 2)[1:] for line in trail] == [
+        ["r10", 'ready {"stage": 1, "from_iteration": 0, "peer": "AAAA"}'],
+        ["join0", 'resync {"stage": 1, "iteration": 0, "reason": "diverged"}'],
+        ["r10", 'step {"stage": 1, "iteration": 0, "count": 2, "agreement": "fast", "members": ["AAAA", "BBBB"], '
+                '"hash": "abcdef"}']]

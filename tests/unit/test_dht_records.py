@@ -12,10 +12,13 @@ from hypothesis import strategies as st
 
 from gwtfp2p.config import RunSpec
 from gwtfp2p.dht.records import (
+    MAX_EXCLUDED,
     MAX_LINKS,
     MAX_MADDRS,
+    MAX_RECENT_HASHES,
     MAX_RECORD_BYTES,
     MAX_ROUTES,
+    ExcludedPeer,
     LinkStats,
     NodeRecord,
     RecordError,
@@ -91,10 +94,12 @@ def test_worst_case_node_record_fits_the_size_cap():
         links={peer(i): LinkStats(rtt_s=599.123456789012, bandwidth_bytes_per_s=1e14 + 0.123)
                for i in range(MAX_LINKS)},
         routing=tuple(RouteSummary(next_peer=peer(i), sink=peer(i + 500), units=10**6) for i in range(MAX_ROUTES)),
-        weight_hash="f" * 64, loss=-123456.789012345, tokens_per_s=1e14 + 0.5, updated_at=9.9e10 + 0.123456)
+        weight_hash="f" * 64, loss=-123456.789012345, tokens_per_s=1e14 + 0.5, updated_at=9.9e10 + 0.123456,
+        recent_hashes=tuple((2**53 - MAX_RECENT_HASHES + i, "f" * 16) for i in range(MAX_RECENT_HASHES)),
+        excluded=tuple(ExcludedPeer(peer=peer(900 + i), reason="r" * 96) for i in range(MAX_EXCLUDED)))
     raw = encode_record(record)
     assert len(raw) <= MAX_RECORD_BYTES
-    assert len(pickle.dumps(raw)) < 12 * 1024 + 64  # hivemind's pipe limit is ~16 KiB
+    assert len(pickle.dumps(raw)) < MAX_RECORD_BYTES + 64  # hivemind's pipe limit is ~16 KiB, the seal adds < 1 KiB
     assert parse_node_record(raw) == record
 
 

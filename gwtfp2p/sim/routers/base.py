@@ -8,20 +8,15 @@ network, compute, churn trace and data plane are the same for all three.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gwtfp2p.sim.microbatch import Microbatch
-
-if TYPE_CHECKING:
-    from gwtfp2p.sim.simulation import Simulation
+from gwtfp2p.sim.ports import RouterHost
 
 
 class Router:
     name = "base"
-    dedupe_by_duplicate = True  # False: the downstream gradient is resent with the retried hop (SWARM)
     recover_through_dead_upstream = True  # False: a dead upstream's own recovery redoes the hop (GWTF)
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: RouterHost) -> None:
         self.sim = sim
         self.engine = sim.engine
         self.nodes = sim.cluster.nodes
@@ -73,10 +68,6 @@ class Router:
         """When the sender of a message lost with a dead receiver notices."""
         return self.engine.now
 
-    def detector_alive(self, m: Microbatch, sender: str) -> bool:
-        """Whether whoever waits for this message is still there to notice it failed."""
-        return self.nodes[sender].alive
-
     def backward_failure_notify_s(self, downstream: str, upstream: str) -> float:
         """Delay before the upstream hop hears that its downstream could not deliver a gradient."""
         return 0.0
@@ -85,14 +76,12 @@ class Router:
         """``observer`` has found ``dead`` dead while handling ``m``."""
 
     # -- observations -----------------------------------------------------------------------------
-    def on_forward_delivered(self, m: Microbatch, pos: int, interval_s: float) -> None:
-        """The forward output of ``pos`` reached the next hop, ``interval_s`` after its input was sent."""
+    def on_transfer(self, sender: str, receiver: str, size_bytes: float, requested_s: float) -> None:
+        """An activation or gradient sent at ``requested_s`` reached its live receiver now."""
 
-    def on_backward_sent(self, m: Microbatch, pos: int) -> None:
-        """A gradient is on its way to the holder of ``pos``."""
-
-    def on_backward_delivered(self, m: Microbatch, pos: int, interval_s: float) -> None:
-        """The gradient computed at ``pos`` reached the previous hop."""
+    def seen_cost(self, observer: str, candidate: str) -> float:
+        """d(observer, candidate) as ``observer`` knows it (exact unless the router measures)."""
+        return self.sim.edge_cost(observer, candidate)
 
     # -- helpers -------------------------------------------------------------------------------
     def cheapest(self, sender: str, stage: int, exclude: str | None = None,
@@ -103,7 +92,7 @@ class Router:
         for candidate in self.sim.cluster.active_by_stage[stage]:
             if candidate == exclude or not self.believes_alive(observer, candidate):
                 continue
-            cost = self.sim.edge_cost(sender, candidate)
+            cost = self.seen_cost(sender, candidate)
             if best is None or cost < best_cost:
                 best, best_cost = candidate, cost
         return best

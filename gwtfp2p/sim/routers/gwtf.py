@@ -3,13 +3,15 @@
 Every active node runs the daemon's own ``FlowNode`` (gwtfp2p/flow). All nodes tick together every
 ``flow_tick_s``; each message a FlowNode returns is carried as a small control message (latency +
 size/bandwidth) and handed to ``on_message`` at arrival. A newcomer is introduced to its
-previous-, same- and next-stage nodes as the DHT would; a crash is reported to its neighbours
-(``lose_neighbour``) when its liveness record expires, or earlier to a node whose send to it failed.
+previous-, same- and next-stage nodes as the DHT would. What a node knows of its neighbours it
+measures (``sensing.py``): edge costs from its pings and transfers, re-measured every probe
+period, and a crash once its own detection delay has passed (``lose_neighbour``), or earlier when
+a send to the dead node failed.
 
 The data plane reads the routing tables: a data holder sends one microbatch per complete flow
 unit; a relay forwards along the out-unit matched to the unit the microbatch arrived on. Where
 that unit is gone (moved, dropped) or its next hop is known dead, it uses another of its units to
-the same sink (least loaded), else its cheapest next-stage neighbour (DESIGN.md §3).
+the same sink (least loaded), else its cheapest next-stage neighbour (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -21,25 +23,29 @@ from gwtfp2p.flow.messages import Envelope, Message
 from gwtfp2p.flow.node import FlowNode
 from gwtfp2p.sim.cluster import SimNode
 from gwtfp2p.sim.microbatch import Microbatch
+from gwtfp2p.sim.ports import RouterHost
 from gwtfp2p.sim.routers.base import Router
+from gwtfp2p.sim.routers.sensing import Sensing
 
 
 class GwtfRouter(Router):
     name = "gwtf"
-    dedupe_by_duplicate = True
     recover_through_dead_upstream = False  # only a live node that learnt of a death acts on it
 
-    def __init__(self, sim) -> None:
+    def __init__(self, sim: RouterHost) -> None:
         super().__init__(sim)
         scenario = sim.scenario
         self.params = scenario.flow_params()
         self.tick_s = scenario.flow_tick_s
         self.n_stages = scenario.n_stages
-        self.dataplane_params = scenario.dataplane
+        self.sensing = Sensing(scenario.sensing, scenario.dataplane.crash_mode, sim.seed)
+        self.probe_rng = random.Random(f"probes:{scenario.name}:{sim.seed}")
         self.tick = 0
         self.flows: dict[str, FlowNode] = {}
         self.order: list[str] = []
-        self.expired: set[str] = set()  # crashed nodes whose liveness record has expired
+        self.links: dict[str, set[str]] = {}  # node -> its neighbours of the adjacent stages (pinged)
+        self.crash_phase: dict[str, float] = {}  # dead node -> where in its heartbeat period it died
+        self._detect_s: dict[tuple[str, str], float] = {}
         self.busy: dict[str, dict[str, Microbatch]] = {}  # data holder -> out-unit id -> its microbatch
         self.in_flight: dict[str, int] = {}
 
@@ -58,34 +64,80 @@ class GwtfRouter(Router):
         flow = FlowNode(node.node_id, node.stage, self.n_stages,
                         capacity=0 if node.is_data_holder else node.slots,
                         supply=scenario.microbatches_per_dh if node.is_data_holder else 0,
+                        resources=self.sim.resources_of(node),
                         params=self.params, rng=random.Random(f"{self.sim.seed}:{node.node_id}"))
         if node.is_data_holder:
             self.busy[node.node_id] = {}
             self.in_flight[node.node_id] = 0
+        self.links[node.node_id] = set()
         for other_id in self.order:
             other = self.nodes[other_id]
             adjacent = adjacent_stages(node.stage, other.stage, self.n_stages)
             if not adjacent and other.stage != node.stage:
                 continue
-            cost = self.sim.edge_cost(node.node_id, other_id) if adjacent else None
-            self._send(node.node_id, flow.add_neighbour(other_id, other.stage, cost, self.tick))
-            self._send(other_id, self.flows[other_id].add_neighbour(node.node_id, node.stage, cost, self.tick))
+            mine = theirs = None
+            if adjacent:  # each side pings the other when they meet
+                self.links[node.node_id].add(other_id)
+                self.links[other_id].add(node.node_id)
+                mine, theirs = self._measure(node.node_id, other_id), self._measure(other_id, node.node_id)
+            self._send(node.node_id, flow.add_neighbour(other_id, other.stage, mine, self.tick))
+            self._send(other_id, self.flows[other_id].add_neighbour(node.node_id, node.stage, theirs, self.tick))
         self.flows[node.node_id] = flow
         self.order = sorted(self.flows)
+        period = self.sim.scenario.sensing.probe_period_s
+        self.engine.at(self.engine.now + self.probe_rng.uniform(0.0, period), self._probe, node.node_id)
+
+    # -- measurements ----------------------------------------------------------------------------
+    def _measure(self, observer: str, peer: str) -> float | None:
+        """``observer`` pings ``peer``; returns its new cost estimate (None: no change for the flow)."""
+        self.sensing.ping(observer, peer, self.sim.network.round_trip_s(observer, peer))
+        a, b = self.nodes[observer], self.nodes[peer]
+        cost = self.sensing.cost(observer, peer, a.forward_s + a.backward_s, b.forward_s + b.backward_s,
+                                 self.sim.model.activation_bytes)
+        return cost if cost is not None and self.sensing.flow_update(observer, peer, cost) else None
+
+    def _probe(self, node_id: str) -> None:
+        """Every probe period a node pings its adjacent-stage neighbours and re-costs changed edges."""
+        flow = self.flows.get(node_id)
+        if flow is None:
+            return
+        for peer in sorted(self.links[node_id]):
+            if self.believes_alive(node_id, peer) and self.nodes[peer].alive:
+                cost = self._measure(node_id, peer)
+                if cost is not None and flow.has_neighbour(peer):
+                    self._send(node_id, flow.set_edge_cost(peer, cost, self.tick))
+        self.engine.at(self.engine.now + self.sim.scenario.sensing.probe_period_s, self._probe, node_id)
+
+    def on_transfer(self, sender: str, receiver: str, size_bytes: float, requested_s: float) -> None:
+        ack_s = self.engine.now + self.sim.network.link(receiver, sender)[0]
+        self.sensing.transfer_acked(sender, receiver, size_bytes, ack_s - requested_s)
+
+    def seen_cost(self, observer: str, candidate: str) -> float:
+        a, b = self.nodes[observer], self.nodes[candidate]
+        cost = self.sensing.cost(observer, candidate, a.forward_s + a.backward_s, b.forward_s + b.backward_s,
+                                 self.sim.model.activation_bytes)
+        return self.sim.edge_cost(observer, candidate) if cost is None else cost
 
     def on_crash(self, node_id: str, phase_u: float) -> None:
         if self.flows.pop(node_id, None) is not None:
             self.order = sorted(self.flows)
-        delay = self.dataplane_params.heartbeat_detect_s(phase_u)
-        self.engine.at(self.engine.now + delay, self._expire, node_id)
+        self.crash_phase[node_id] = phase_u
+        self.links.pop(node_id, None)
+        for other_id in self.order:  # each neighbour learns of it after its own delay
+            if self.flows[other_id].has_neighbour(node_id):
+                self.engine.at(self.learns_at(other_id, node_id), self._learn, other_id, node_id)
 
-    def _expire(self, node_id: str) -> None:
-        """The dead node's liveness record expired: every neighbour drops it."""
-        self.expired.add(node_id)
-        for other_id in self.order:
-            flow = self.flows[other_id]
-            if flow.has_neighbour(node_id):
-                self._send(other_id, flow.lose_neighbour(node_id, self.tick))
+    def learns_at(self, observer: str, dead: str) -> float:
+        """When ``observer`` holds ``dead`` for dead on its own (heartbeats, pings)."""
+        key = (observer, dead)
+        delay = self._detect_s.get(key)
+        if delay is None:
+            delay = self._detect_s[key] = self.sensing.detect_delay_s(observer, dead, self.crash_phase[dead])
+        return self.nodes[dead].died_s + delay
+
+    def _learn(self, observer: str, dead: str) -> None:
+        if self.nodes[observer].alive:
+            self.on_failure_detected(None, observer, dead)
 
     # -- control plane on the simulated network ------------------------------------------------------
     def _send(self, src: str, envelopes: list[Envelope]) -> None:
@@ -113,9 +165,7 @@ class GwtfRouter(Router):
 
     # -- data plane --------------------------------------------------------------------------------
     def believes_alive(self, observer: str, node_id: str) -> bool:
-        if self.nodes[node_id].alive:
-            return True
-        return node_id not in self.expired and node_id not in self.nodes[observer].suspects
+        return self.nodes[node_id].alive or node_id not in self.nodes[observer].suspects
 
     def _free_units(self, dh: str) -> tuple[int, list]:
         flow = self.flows.get(dh)
@@ -176,25 +226,23 @@ class GwtfRouter(Router):
     # -- failure detection -----------------------------------------------------------------------
     def holder_crash_detect(self, m: Microbatch, pos: int, dead: str, crash_s: float,
                             phase_u: float) -> float | None:
-        return crash_s + self.dataplane_params.heartbeat_detect_s(phase_u)
+        self.crash_phase.setdefault(dead, phase_u)
+        return self.learns_at(m.holder[pos - 1], dead)
 
     def send_failure_detect(self, m: Microbatch, pos: int, kind: int, sender: str, dead: str,
                             sent_s: float) -> float:
-        net, params = self.sim.network, self.dataplane_params
-        rtt = net.round_trip_s(sender, dead)
-        if params.crash_mode == "refused":
-            return sent_s + rtt
-        transfer_s = self.sim.model.activation_bytes / net.link(sender, dead)[1]
-        return sent_s + max(params.ack_timeout_floor_s, params.ack_timeout_factor * (rtt + transfer_s))
+        return max(self.learns_at(sender, dead), sent_s + self.sim.network.round_trip_s(sender, dead))
 
     def backward_failure_notify_s(self, downstream: str, upstream: str) -> float:
         return self.sim.network.control_delay(downstream, upstream)
 
-    def on_failure_detected(self, m: Microbatch, observer: str, dead: str) -> None:
+    def on_failure_detected(self, m: Microbatch | None, observer: str, dead: str) -> None:
         node = self.nodes[observer]
         if dead in node.suspects:
             return
         node.suspects.add(dead)
+        self.sensing.forget(observer, dead)
+        self.links.get(observer, set()).discard(dead)
         flow = self.flows.get(observer)
         if flow is not None and flow.has_neighbour(dead):
             self._send(observer, flow.lose_neighbour(dead, self.tick))

@@ -6,7 +6,7 @@ at every crash and at every activation it solves the live swarm's flow instance 
 microbatch per free path and the microbatch follows that path. A hop whose path broke uses a
 current path through the same node (least used), else the cheapest live next-stage replica.
 Maximum flow may leave a holder with no path when capacity is short; once the other holders are
-done with the iteration, it re-solves for that one. Recovery follows DESIGN.md §3 with zero
+done with the iteration, it re-solves for that one. Recovery follows docs/design.md §3 with zero
 detection delay.
 """
 
@@ -17,6 +17,7 @@ from collections import Counter
 
 from gwtfp2p.flow.oracle import solve
 from gwtfp2p.sim.microbatch import Microbatch
+from gwtfp2p.sim.ports import RouterHost
 from gwtfp2p.sim.routers.base import Router
 
 Path = tuple[str, ...]
@@ -24,9 +25,8 @@ Path = tuple[str, ...]
 
 class OracleRouter(Router):
     name = "oracle"
-    dedupe_by_duplicate = True
 
-    def __init__(self, sim) -> None:
+    def __init__(self, sim: RouterHost) -> None:
         super().__init__(sim)
         self.paths: dict[str, list[Path]] = {}
         self.multiplicity: Counter[Path] = Counter()  # units solved on each distinct path

@@ -27,29 +27,56 @@ def _ids(seed=0, spec=None):
     return torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(seed))
 
 
+def _unsplit_fixed(model, ids) -> list[torch.Tensor]:
+    """Each parameter's gradient of one microbatch in the unsplit model, in fixed point (units 2**-40)."""
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    return [torch.round(p.grad * 2.0**40).to(torch.int64) for p in model.parameters()]
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_one_microbatch_gives_the_unsplit_gradients(family):
+def test_exact_sums_hold_each_microbatchs_unsplit_gradient_bitwise(family):
+    """Two microbatches with interleaved hops (GPT-2's tied embedding gets m1's tail and head between
+    m0's): every part's exact sum is the sum of the unsplit model's per-microbatch gradients."""
     spec, model, parts = _parts(family, 2)
     ref = copy.deepcopy(model)
     dh = DataHolderExecutor(copy.deepcopy(parts.data_holder), spec)
     stages = [StageExecutor(copy.deepcopy(m), spec, k + 1) for k, m in enumerate(parts.stages)]
-    ids = _ids()
-    hidden = dh.head_forward("m0", ids)
+    ids = {"m0": _ids(0), "m1": _ids(1)}
+    hidden = {mb: dh.head_forward(mb, x) for mb, x in ids.items()}
     for stage in stages:
-        hidden = stage.forward("m0", hidden)
-    loss, grad = dh.tail_backward("m0", hidden)
-    for stage in reversed(stages):
-        grad = stage.backward("m0", grad)
-    dh.head_backward("m0", grad)
-    out = ref(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
-    assert loss == pytest.approx(float(out.loss.detach()), abs=1e-6)
+        hidden = {mb: stage.forward(mb, h) for mb, h in hidden.items()}
+    grads = {}
+    for mb in ("m0", "m1"):
+        loss, grads[mb] = dh.tail_backward(mb, hidden[mb])
+        assert loss == float(ref(input_ids=ids[mb], labels=ids[mb], use_cache=False).loss.detach())
+    for mb in ("m1", "m0"):
+        for stage in reversed(stages):
+            grads[mb] = stage.backward(mb, grads[mb])
+        dh.head_backward(mb, grads[mb])
+    expected = [a + b for a, b in zip(_unsplit_fixed(ref, ids["m0"]), _unsplit_fixed(ref, ids["m1"]), strict=True)]
+    by_param = dict(zip((id(p) for p in ref.parameters()), expected, strict=True))
     ref_groups = split_model(ref, 2).groups()
-    ours = [dh.params] + [s.params for s in stages]
-    for mine, theirs in zip(ours, ref_groups, strict=True):
-        for a, b in zip(mine, theirs, strict=True):
-            assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5)
-    assert dh.count == 1 and all(s.count == 1 for s in stages)
+    for part, theirs in zip([dh, *stages], ref_groups, strict=True):
+        mine = part.grad_contribution("r")
+        assert torch.equal(mine.grad_sum, torch.cat([by_param[id(p)].reshape(-1) for p in theirs]))
+        assert mine.count == 2 and not any(p.grad.any() for p in part.params)  # the buffer is empty again
+
+
+def test_a_tail_without_its_head_still_enters_the_sum():
+    spec, _, parts = _parts("gpt2", 1)
+    dh = DataHolderExecutor(copy.deepcopy(parts.data_holder), spec)
+    stage = StageExecutor(copy.deepcopy(parts.stages[0]), spec, 1)
+    ids = _ids(3)
+    dh.tail_backward("m", stage.forward("m", dh.head_forward("m", ids)))
+    contribution = dh.grad_contribution("d")  # the head backward never came: the tail's rows alone
+    tail_only = copy.deepcopy(parts.data_holder)
+    tail_only.zero_grad(set_to_none=True)
+    x = stage.forward("again", dh.head_forward("again", ids))
+    tail_only.tail(x.requires_grad_(True), ids).backward()
+    expected = torch.cat([torch.round((p.grad if p.grad is not None else torch.zeros_like(p)) * 2.0**40)
+                          .to(torch.int64).reshape(-1) for p in tail_only.parameters()])
+    assert torch.equal(contribution.grad_sum, expected) and contribution.count == 1
 
 
 def test_duplicate_forward_and_backward_count_once():
@@ -84,8 +111,26 @@ def test_drop_frees_state_and_unknown_ids_raise():
     with pytest.raises(ValueError, match="shape"):
         stage.backward("b", torch.randn(2, 11, 32))
     assert stage.status("b") == "pending" and stage.count == 0
-    result = stage.apply_step([stage.grad_contribution("r")])
+    result = stage.apply_step([stage.grad_contribution("r")], total_sq_norm=0.0)
     assert result.dropped_pending == 1 and not result.stepped and stage.status("b") == "unknown"
+
+
+def test_discarded_gradients_never_reach_a_later_contribution():
+    """A re-synced replica forgets what it gathered for the iteration it no longer steps: its next
+    contribution holds only the later microbatches, bitwise as a fresh replica's."""
+    spec, _, parts = _parts()
+    stale = StageExecutor(copy.deepcopy(parts.stages[0]), spec, 1)
+    fresh = StageExecutor(copy.deepcopy(parts.stages[0]), spec, 1)
+    x, g = torch.randn(2, 12, 32), torch.randn(2, 12, 32)
+    stale.forward("old", x)
+    stale.backward("old", g)
+    stale.forward("pending", x)
+    assert stale.discard_gradients() == 1 and stale.count == 0 and stale.status("pending") == "unknown"
+    for executor in (stale, fresh):
+        executor.forward("new", x * 2)
+        executor.backward("new", g * 2)
+    ours, theirs = stale.grad_contribution("r"), fresh.grad_contribution("r")
+    assert ours.count == theirs.count == 1 and torch.equal(ours.grad_sum, theirs.grad_sum)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -125,17 +170,19 @@ def test_data_holder_dedupes_tail_and_head_and_drops():
         dh.head_backward("gone", h)
 
 
-def test_gradients_stay_views_of_the_flat_buffer():
+def test_gradients_stay_views_of_the_flat_buffer_and_leave_it_at_each_backward():
     spec, _, parts = _parts("llama")
     stage = StageExecutor(copy.deepcopy(parts.stages[0]), spec, 1)
     for i in range(3):
         stage.forward(f"m{i}", torch.randn(2, 12, 32))
         stage.backward(f"m{i}", torch.randn(2, 12, 32))
+        assert not any(p.grad.any() for p in stage.params)  # moved into the exact sum
     contribution = stage.grad_contribution("r")
-    manual = torch.cat([p.grad.reshape(-1) for p in stage.params])
-    assert torch.equal(contribution.grad_sum, manual) and contribution.count == 3
-    stage.apply_step([contribution])
+    assert contribution.count == 3 and contribution.grad_sum.dtype == torch.int64 and contribution.grad_sum.any()
+    mean, count = stage.reduce([contribution])
+    stage.apply_mean(mean, count, total_sq_norm=stage.grad_sq_norm(mean))
     assert all(p.grad is not None and not p.grad.any() for p in stage.params)
+    assert not stage.grad_contribution("r").grad_sum.any()
 
 
 def test_nodes_build_their_part_with_the_runs_initial_weights():
@@ -164,3 +211,32 @@ def test_malformed_tensors_from_the_network_are_refused():
     with pytest.raises(ValueError):
         dh.tail_backward("ok", torch.randn(2, 11, 32))
     assert stage.status("x") == "unknown" and dh.count == 0
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_redo_recomputes_a_lost_replicas_contribution_bitwise(dropout):
+    """Replica "lost" did microbatches a and b and died with its sum; a survivor that did c redoes a and b from
+    the inputs and output gradients "lost" got: the same bits as the lost sum (dropout seeded per microbatch),
+    and its own sum, count and forward states untouched."""
+    spec, _, parts = _parts(dropout=dropout)
+    lost, survivor = (StageExecutor(copy.deepcopy(parts.stages[0]), spec, 1) for _ in range(2))
+    inputs = {mb: torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(k)) for k, mb in enumerate("abc")}
+    grads = {mb: torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(10 + k)) for k, mb in enumerate("abc")}
+    sent_back = {}
+    for mb in "ab":
+        output = lost.forward(mb, inputs[mb])
+        assert torch.equal(survivor.recompute(mb, inputs[mb]), output)  # what it sent on, redone
+        sent_back[mb] = lost.backward(mb, grads[mb])
+    survivor.forward("c", inputs["c"])
+    survivor.forward("d", inputs["a"])  # pending: its state survives the redo
+    survivor.backward("c", grads["c"])
+    own = survivor.grad_contribution("s")
+    redone, grads_in = survivor.redo("lost", [(mb, inputs[mb], grads[mb]) for mb in "ba"])
+    assert grads_in.keys() == sent_back.keys() and all(torch.equal(grads_in[k], sent_back[k]) for k in "ab")
+    expected = lost.grad_contribution("lost")
+    assert torch.equal(redone.grad_sum, expected.grad_sum) and (redone.count, redone.bound) == (2, expected.bound)
+    after = survivor.grad_contribution("s")
+    assert torch.equal(after.grad_sum, own.grad_sum) and after.count == 1 and survivor.status("d") == "pending"
+    with pytest.raises(ValueError, match="redo gradient"):
+        survivor.redo("lost", [("a", inputs["a"], torch.zeros(2, 11, 32))])
+    assert torch.equal(survivor.grad_contribution("s").grad_sum, own.grad_sum)

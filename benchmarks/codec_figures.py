@@ -1,0 +1,183 @@
+"""The figures and tables of docs/bandwidth.md, from saved measurements and from the code; measures nothing.
+
+``--plot``: training quality per wire codec from ``docs/data/bench_codec-<preset>.json`` (written by
+``bench_codec.py --quality``): the loss curves and the final-loss difference vs ``none``, as PNGs under
+``docs/img/bandwidth-*`` and a printed summary. ``--bytes``: the wire bytes of one microbatch per hop
+and of each part's aggregation contribution, computed with ``encoded_bytes`` and the parts' parameter
+counts (models built on the meta device: no weights, no training), as a markdown table.
+
+    .venv/bin/python benchmarks/codec_figures.py --plot --bytes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
+GOAL_PERCENT = 2.0  # issue 16: final loss within 2 % of none
+# (what it is, family, preset, microbatch size, sequence length): the shapes docs/bandwidth.md discusses
+SHAPES = (
+    ("issue 16's example", "gpt2", "124m", 4, 1024),
+    ("bench_bandwidth.py default", "gpt2", "small", 8, 256),
+    ("bench_codec.py --quality", "gpt2", "small", 4, 64),
+    ("gwtf demo, test_shaped_links", "gpt2", "tiny", 4, 64),
+)
+
+
+def running_mean(values: list[float], window: int) -> list[float]:
+    """The mean of each value and up to ``window - 1`` values before it."""
+    return [statistics.fmean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
+
+
+def final_differences(result: dict, window: int) -> dict[str, tuple[float, float]]:
+    """Per codec: the mean loss of the last ``window`` iterations and its difference to ``none`` in %."""
+    base = statistics.fmean(result["losses"]["none"][-window:])
+    out = {}
+    for codec in result["codecs"]:
+        final = statistics.fmean(result["losses"][codec][-window:])
+        out[codec] = (final, 100.0 * (final - base) / base)
+    return out
+
+
+def summarize(result: dict, window: int) -> None:
+    n = result["iterations"]
+    print(f"{result['spec']['model_family']} preset '{result['spec']['model_preset']}', {n} iterations "
+          f"({result['engine']}), replicas in sync: {result['in_sync']}; final loss = mean of the last {window}")
+    none = result["losses"]["none"]
+    for codec, (final, percent) in final_differences(result, window).items():
+        worst = max(abs(100.0 * (x - y) / y) for x, y in zip(result["losses"][codec], none, strict=True))
+        print(f"  {codec:<11}{final:8.4f} {percent:+7.2f} % vs none   worst single iteration {worst:5.2f} %   "
+              f"{result['seconds'][codec] / n:5.2f} s per iteration")
+
+
+def plot_quality(result: dict, window: int, img_dir: Path) -> list[Path]:
+    """Both figures of a quality run under ``img_dir``; their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    preset = result["spec"]["model_preset"]
+    paths = [img_dir / f"bandwidth-loss-{preset}.png", img_dir / f"bandwidth-final-{preset}.png"]
+    for draw, path in zip((plot_curves, plot_finals), paths, strict=True):
+        fig = draw(plt, result, window)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def plot_curves(plt: ModuleType, result: dict, window: int) -> Figure:
+    """The loss per iteration (all, then the last 50) and the difference to none, with its running mean."""
+    from gwtfp2p.model.presets import get_preset
+
+    spec, n, none = result["spec"], result["iterations"], result["losses"]["none"]
+    shape = get_preset(spec["model_family"], spec["model_preset"])
+    title = (f"{spec['model_family']} preset '{spec['model_preset']}' ({shape.n_layers} layers, hidden "
+             f"{shape.hidden}), {spec['microbatches_per_dh']} x {spec['microbatch_size']} x {spec['seq_len']} "
+             f"tokens per iteration, seed {spec['seed']}, {n} iterations ({result['engine']})")
+    fig, (full, zoom, diff_ax) = plt.subplots(3, 1, figsize=(9, 10), height_ratios=(2, 1.4, 1.4))
+    tail = max(1, n - 50)
+    for k, codec in enumerate(result["codecs"]):
+        losses, color = result["losses"][codec], f"C{k}"
+        full.plot(losses, color=color, linewidth=0.8, label=codec)
+        zoom.plot(range(tail, n), losses[tail:], color=color, linewidth=0.8, marker=".", markersize=3, label=codec)
+        diff = [100.0 * (x - y) / y for x, y in zip(losses, none, strict=True)]
+        diff_ax.plot(diff, color=color, linewidth=0.4, alpha=0.35)
+        diff_ax.plot(running_mean(diff, window), color=color, linewidth=1.3, label=f"{codec}, mean of last {window}")
+    full.set_title(title, fontsize=8.5)
+    full.set_ylabel("training loss")
+    full.legend()
+    zoom.set_ylabel(f"loss, last {n - tail} iterations")
+    zoom.legend(fontsize=8, ncol=4)
+    for y in (-GOAL_PERCENT, GOAL_PERCENT):
+        diff_ax.axhline(y, color="red", linewidth=0.6, linestyle="--")
+    diff_ax.axhline(0, color="grey", linewidth=0.5)
+    diff_ax.set_ylabel("vs none (%)")
+    diff_ax.set_xlabel("iteration")
+    diff_ax.legend(fontsize=8, ncol=2)
+    return fig
+
+
+def plot_finals(plt: ModuleType, result: dict, window: int) -> Figure:
+    """The final loss of each codec vs none in %, with the issue's goal."""
+    finals = final_differences(result, window)
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    codecs = list(finals)
+    bars = ax.bar(codecs, [finals[c][1] for c in codecs], color=[f"C{k}" for k in range(len(codecs))])
+    ax.bar_label(bars, labels=[f"{finals[c][1]:+.2f} %" for c in codecs], fontsize=8)
+    for y in (-GOAL_PERCENT, GOAL_PERCENT):
+        ax.axhline(y, color="red", linewidth=0.6, linestyle="--")
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_ylim(-1.25 * GOAL_PERCENT, 1.25 * GOAL_PERCENT)
+    ax.set_ylabel("final loss vs none (%)")
+    ax.set_title(f"mean loss of the last {window} of {result['iterations']} iterations vs none "
+                 f"(goal: within {GOAL_PERCENT:g} %)", fontsize=9)
+    return fig
+
+
+def part_sizes(family: str, preset: str, n_stages: int = 2) -> list[int]:
+    """Parameters of each part (data holder, stage 1..S) with the byte tokenizer, counted on the meta device."""
+    import torch
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    from gwtfp2p.model.partition import split_model
+    from gwtfp2p.model.presets import model_config
+
+    cls = GPT2LMHeadModel if family == "gpt2" else LlamaForCausalLM
+    with torch.device("meta"):
+        model = cls(model_config(family, preset, 257))
+    return [sum(p.numel() for p in group) for group in split_model(model, n_stages).groups()]
+
+
+def bytes_tables() -> None:
+    """Markdown: per shape and codec, forward/backward bytes per hop and each part's contribution."""
+    from gwtfp2p.config import WIRE_CODECS, encoded_bytes
+    from gwtfp2p.model.presets import get_preset
+
+    for what, family, preset, microbatch, seq_len in SHAPES:
+        values = microbatch * seq_len * get_preset(family, preset).hidden
+        parts = part_sizes(family, preset)
+        print(f"\n{family}-{preset}, {microbatch} x {seq_len} tokens ({what}): {values:,} values per hop; "
+              f"parts (data holder, stage 1, stage 2): {', '.join(f'{p:,}' for p in parts)} parameters\n")
+        print("| codec | forward per hop | backward per hop | forward + backward | vs none | "
+              "contribution: data holder / stage 1 / stage 2 |")
+        print("|---|---:|---:|---:|---:|---|")
+        base = 2 * encoded_bytes("none", values, 4)
+        for codec in WIRE_CODECS:
+            hop = encoded_bytes(codec, values, 4)
+            contribution = [p * 8 if codec == "none" else encoded_bytes(codec, p, 4) for p in parts]
+            shown = " / ".join(f"{c:,} B" if c < MIB else f"{c / MIB:.2f} MiB" for c in contribution)
+            print(f"| `{codec}` | {hop:,} B | {hop:,} B | {2 * hop:,} B | {base / (2 * hop):.2f}x | {shown} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plot", action="store_true", help="plot and summarize the saved quality run")
+    parser.add_argument("--bytes", action="store_true", help="print the computed bytes tables")
+    parser.add_argument("--preset", default="small", help="which docs/data/bench_codec-<preset>.json")
+    parser.add_argument("--window", type=int, default=20, help="iterations averaged for the final loss")
+    args = parser.parse_args()
+    if args.plot:
+        result = json.loads((ROOT / "docs" / "data" / f"bench_codec-{args.preset}.json").read_text())
+        summarize(result, args.window)
+        for path in plot_quality(result, args.window, ROOT / "docs" / "img"):
+            print(f"plot: {path.relative_to(ROOT)}")
+    if args.bytes:
+        bytes_tables()
+
+
+if __name__ == "__main__":
+    main()

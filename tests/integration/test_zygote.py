@@ -1,0 +1,41 @@
+"""The zygote local swarms fork their daemons from: a child runs ``gwtf join`` with the arguments,
+environment, directory, stdout and stderr it was given, in its own session, and its exit status comes
+back as ``Popen.returncode`` does (a code, or minus the signal); closing the zygote leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from gwtfp2p.localswarm.zygote import ZygoteClient
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_children_get_their_arguments_streams_and_statuses(tmp_path: Path) -> None:
+    zygote = ZygoteClient()
+    try:
+        with open(tmp_path / "bad.stderr", "wb") as stderr:
+            bad = zygote.spawn(["--json", "--role", "nobody"], stderr, str(tmp_path), {**os.environ})
+        assert bad.wait(timeout=120) == 2  # a config error: the flag is named
+        assert "--role" in (tmp_path / "bad.stderr").read_text()
+
+        with open(tmp_path / "dh.stderr", "wb") as stderr:
+            dh = zygote.spawn(["--json", "--role", "data", "--heartbeat-s", "2"], stderr, str(tmp_path),
+                              {**os.environ, "GWTF_DELAY_AT": "nowhere:1"})
+        assert dh.wait(timeout=120) != 0  # the environment it was given is the one it reads
+        assert "GWTF_DELAY_AT" in (tmp_path / "dh.stderr").read_text()
+
+        with open(tmp_path / "ok.stderr", "wb") as stderr:
+            ok = zygote.spawn(["--json", "--role", "data", "--heartbeat-s", "2"], stderr, str(tmp_path),
+                              {**os.environ})
+        line = ok.stdout.readline()
+        assert b'"event"' in line and os.getpgid(ok.pid) == ok.pid  # its own session and process group
+        os.killpg(ok.pid, signal.SIGKILL)
+        assert ok.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        zygote.close()
+    assert zygote.process.returncode is not None
