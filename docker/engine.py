@@ -19,6 +19,8 @@ APT_TIMEOUT_S = 600.0
 ENGINE_START_TIMEOUT_S = 90.0
 ENGINE_STOP_TIMEOUT_S = 60.0
 POLL_S = 0.5
+STALE_PID_FILES = (Path("/var/run/docker.pid"), Path("/run/containerd/containerd.pid"),
+                   Path("/var/run/docker/containerd/containerd.pid"))
 
 
 class StepFailed(RuntimeError):
@@ -95,6 +97,20 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def remove_stale_pid_files() -> list[Path]:
+    """Remove the pid files of a dockerd/containerd that was killed (dockerd refuses to start beside one)."""
+    removed = []
+    for path in STALE_PID_FILES:
+        try:
+            pid = int(path.read_text().strip() or "0")
+        except (OSError, ValueError):
+            pid = 0  # unreadable or garbage: stale as well, if it exists
+        if path.exists() and not (pid > 0 and alive(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 class Engine:
     """The Docker engine: the running one, or a dockerd started (and later stopped) by us."""
 
@@ -118,6 +134,8 @@ class Engine:
             raise StepFailed("no Docker engine is running and dockerd is not installed: start Docker, or run "
                              "with --start-engine (installs docker.io with apt-get, as root)")
         self.installed += apt_install(missing)
+        for path in remove_stale_pid_files():
+            print(f"docker: removed {path}, left by a dockerd/containerd that no longer runs", flush=True)
         with open(self.log_path, "ab") as log:
             self.dockerd = subprocess.Popen(["dockerd", "--bridge=none", "--iptables=false"], stdout=log,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -4,8 +4,11 @@ Owns the forward/backward protocol of a stage on plain tensors: forward keeps wh
 a duplicate forward recomputes (same input, bitwise the same output: dropout is off or seeded per
 (microbatch, stage)); backward adds parameter gradients to the exact sum once per id per iteration
 and returns the input gradient, which is kept so a duplicate backward is answered without
-recomputing or double counting; ``drop`` frees a microbatch whose data holder is gone. Not
-thread-safe: the daemon calls it from its single compute thread.
+recomputing or double counting; ``drop`` frees a microbatch whose data holder is gone. Each data
+holder's microbatches are summed apart until the iteration's members are known: ``count_only``
+names the data holders whose microbatches the contribution counts (those the data holders' own
+aggregation kept), so a dead data holder's microbatch counts in every part or in none, however the
+timing went. Not thread-safe: the daemon calls it from its single compute thread.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 from gwtfp2p.config import RunSpec
 from gwtfp2p.model.aggregate import GradContribution
-from gwtfp2p.model.fixedpoint import FixedPointSum
+from gwtfp2p.model.fixedpoint import FixedPointSum, add_bounds
 from gwtfp2p.model.ledger import Ledger, Pending, dropout_seed, seeded_rng
 from gwtfp2p.model.partition import StageModule
 from gwtfp2p.model.presets import config_dropout
@@ -30,6 +33,9 @@ class StageExecutor(Trainable):
         self.device = next(module.parameters()).device
         self._seeded = config_dropout(module.config) > 0
         self.ledger = Ledger(module)
+        # this iteration's exact sum and count per data holder (the first one seen uses the base sum's buffer)
+        self._by_origin: dict[str, tuple[FixedPointSum, int]] = {}
+        self._counted: frozenset[str] | None = None  # the data holders the contribution counts (None: all)
 
     def _seed(self, mb_id: str) -> int | None:
         return dropout_seed(self.spec.seed, mb_id, self.kind) if self._seeded else None
@@ -64,12 +70,12 @@ class StageExecutor(Trainable):
             raise ValueError(f"{self.kind}: {what} must be float [B, T, {width}], got {hidden.dtype} "
                              f"{tuple(hidden.shape)} for {mb_id}")
 
-    def backward(self, mb_id: str, grad_output: torch.Tensor) -> torch.Tensor:
+    def backward(self, mb_id: str, grad_output: torch.Tensor, origin: str = "") -> torch.Tensor:
         """Backpropagate ``grad_output`` for ``mb_id``; returns the gradient wrt the stage input.
 
         The first backward of an id adds its parameter gradients (computed alone, then converted to
-        fixed point) to the exact sum and counts it; a later one returns the same input gradient and
-        adds nothing. Raises ``UnknownMicrobatch`` if the
+        fixed point) to the exact sum of its data holder ``origin`` and counts it; a later one returns
+        the same input gradient and adds nothing. Raises ``UnknownMicrobatch`` if the
         id has neither forward state nor a finished backward here.
         """
         if mb_id in self.ledger.done:
@@ -81,11 +87,44 @@ class StageExecutor(Trainable):
         self.ledger.take(mb_id)
         grad = grad_output.detach().to(device=entry.output.device, dtype=entry.output.dtype)
         torch.autograd.backward(entry.output, grad)
-        self._fold()
+        self._fold_for(origin)
         grad_input = entry.inputs.grad.detach()
         self.ledger.done[mb_id] = grad_input
         self.count += 1
         return grad_input
+
+    def _fold_for(self, origin: str) -> None:
+        """Fold the last backward into the sum of data holder ``origin`` and count it there."""
+        held = self._by_origin.get(origin)
+        if held is None:
+            held = (self._sum if not self._by_origin else FixedPointSum(self.numel, self._flat.device), 0)
+        base, self._sum = self._sum, held[0]
+        try:
+            self._fold()
+        finally:
+            self._sum = base
+        self._by_origin[origin] = (held[0], held[1] + 1)
+
+    def count_only(self, origins: tuple[str, ...] | frozenset[str] | None) -> None:
+        """This iteration's contribution counts the microbatches of data holders ``origins`` only (None: all):
+        the members of the data holders' aggregation, which every part learns alike (``Closed``)."""
+        self._counted = None if origins is None else frozenset(origins)
+
+    def counted(self) -> int:
+        """The microbatches this iteration's contribution counts (``count`` is every backward taken)."""
+        return sum(n for origin, (_, n) in self._by_origin.items() if self._counts(origin))
+
+    def _counts(self, origin: str) -> bool:
+        return self._counted is None or origin in self._counted
+
+    def grad_contribution(self, replica_id: str) -> GradContribution:
+        """The exact sum and count of the counted data holders' microbatches (every one's unless ``count_only``
+        said otherwise): bitwise what one sum of those microbatches alone would hold."""
+        sums = [held for origin, (held, _) in self._by_origin.items() if self._counts(origin)]
+        total = torch.zeros(self.numel, dtype=torch.int64)
+        for held in sums:
+            total.add_(held.total.detach().to("cpu"))
+        return GradContribution(replica_id, total, self.counted(), add_bounds(0, *(h.bound for h in sums)))
 
     def redo(self, origin: str, items: list[tuple[str, torch.Tensor, torch.Tensor]]
              ) -> tuple[GradContribution, dict[str, torch.Tensor]]:
@@ -123,6 +162,8 @@ class StageExecutor(Trainable):
         return self.ledger.status(mb_id)
 
     def _end_iteration(self) -> int:
+        self._by_origin.clear()  # the base sum was cleared by the caller; the others are dropped
+        self._counted = None
         return self.ledger.end_iteration()
 
     def memory_stats(self) -> dict[str, int]:

@@ -76,13 +76,11 @@ def swarm_losses(holders: list[Daemon]) -> tuple[dict[int, dict[str, float]], di
     return dict(losses), participants
 
 
-def assert_parity(spec: RunSpec, holders: list[Daemon], n_shards: int, through: int | None = None) -> None:
-    """Every microbatch's loss as the reference pipeline computes it (up to iteration ``through``, if given)."""
+def assert_parity(spec: RunSpec, holders: list[Daemon], n_shards: int) -> None:
+    """Every microbatch's loss as the reference pipeline computes it."""
     losses, participants = swarm_losses(holders)
     reference = reference_losses(spec, n_shards, participants)
     for t, ref in reference.items():
-        if through is not None and t > through:
-            continue
         assert set(losses[t]) == set(ref), (t, sorted(losses[t]), sorted(ref))
         worst = max(abs(losses[t][k] - ref[k]) for k in ref)
         assert worst < TOLERANCE, (t, worst)
@@ -97,10 +95,9 @@ def assert_no_loss(holder: Daemon, iterations: int) -> None:
         assert len(event["losses"]) == MICROBATCHES
 
 
-def assert_in_sync_and_counted(swarm: Swarm, holders: list[Daemon], microbatches: dict[int, int | set[int]]) -> None:
+def assert_in_sync_and_counted(swarm: Swarm, holders: list[Daemon], microbatches: dict[int, int]) -> None:
     """One state hash per part and step, and every part counted each microbatch of an iteration exactly
-    once (``microbatches``: iteration -> microbatches closed in it by the live data holders, or the set
-    of counts allowed where a crashed data holder's microbatches may have finished before it died)."""
+    once (``microbatches``: iteration -> microbatches closed in it by the live data holders)."""
     hashes: dict[tuple[int, int], set[str]] = defaultdict(set)
     counts: dict[tuple[int, int], set[int]] = defaultdict(set)
     for daemon in swarm.daemons:
@@ -112,8 +109,7 @@ def assert_in_sync_and_counted(swarm: Swarm, holders: list[Daemon], microbatches
             hashes[(0, event["iteration"])].add(event["hash"])
             counts[(0, event["iteration"])].add(event["count"])
     assert {len(v) for v in hashes.values()} == {1}, {k: v for k, v in hashes.items() if len(v) > 1}
-    allowed = {t: n if isinstance(n, set) else {n} for t, n in microbatches.items()}
-    wrong = {k: v for k, v in counts.items() if k[1] in allowed and (len(v) != 1 or not v <= allowed[k[1]])}
+    wrong = {k: v for k, v in counts.items() if k[1] in microbatches and v != {microbatches[k[1]]}}
     assert not wrong, wrong
 
 

@@ -60,16 +60,12 @@ def test_data_holder_crash_mid_iteration(tmp_path: Path) -> None:
         for relay in relays:  # nothing of the dead data holder is left in flight
             relay.wait_for(lambda e: e.get("event") == "progress" and e["iteration"] >= ITERATIONS
                            and e["in_flight"] == 0, 30, "a relay with nothing in flight")
-        counts: dict[int, int | set[int]] = {t: (2 if t < CRASH_AT else 1) * MICROBATCHES for t in range(ITERATIONS)}
-        # the victim's microbatches whose whole round trip beat its crash (its tail computed their loss
-        # before it died; the loaded CI machine does that) are in the relays' gradients, once each
-        counts[CRASH_AT] = set(range(MICROBATCHES, 2 * MICROBATCHES + 1))
+        # Every part counts the microbatches of the data holders the iteration kept (``Closed.data_holders``),
+        # so a victim's microbatch whose round trip beat its crash counts nowhere: each part counts dh0's 4 from
+        # CRASH_AT on, and the training is one process's throughout (docs/testing.md: the race this was).
+        counts = {t: (2 if t < CRASH_AT else 1) * MICROBATCHES for t in range(ITERATIONS)}
         assert_in_sync_and_counted(swarm, [dh0], counts)
-        # A victim's microbatch the relays counted at CRASH_AT (its round trip beat the crash) had its head and
-        # tail gradients die with the victim: from then on the training is not one process's (a CI run of stop
-        # 26 counted 5 of 4 there); with none counted it is, every iteration.
-        counted = {e["count"] for relay in relays for e in relay.of("step") if e["iteration"] == CRASH_AT}
-        assert_parity(spec, [dh0, victim], 2, through=None if counted == {MICROBATCHES} else CRASH_AT)
+        assert_parity(spec, [dh0, victim], 2)
         report("data holder crash mid-iteration", swarm, CRASH_AT, [dh0])
     finally:
         swarm.close()

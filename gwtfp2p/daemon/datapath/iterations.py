@@ -153,18 +153,26 @@ class Closing:
         self.progress = progress
         self.timings = timings
         self._microbatches: dict[int, int] = {}  # iteration -> the microbatches the data holders closed it with
+        self._members: dict[int, tuple[str, ...]] = {}  # iteration -> the data holders its aggregation kept
 
     async def on_closed(self, closed: Closed) -> None:
         """A data holder closed ``closed.iteration`` (a relay learns the swarm's figures with it)."""
         self.progress.loss, self.progress.tokens_per_s = closed.loss, closed.tokens_per_s
         self._microbatches[closed.iteration] = closed.microbatches
+        self._members[closed.iteration] = closed.data_holders
         for old in [t for t in self._microbatches if t < closed.iteration - KEEP_CLOSED]:
             del self._microbatches[old]
+            self._members.pop(old, None)
         await self.gate.close(closed.iteration)
 
     def microbatches(self, t: int) -> int | None:
         """The swarm's microbatches of iteration ``t`` as the data holders closed it (None: not heard)."""
         return self._microbatches.get(t)
+
+    def data_holders(self, t: int) -> tuple[str, ...] | None:
+        """The data holders whose contributions the data holders' aggregation of ``t`` kept (None: not heard):
+        every part counts the microbatches of these, and of no other."""
+        return self._members.get(t)
 
     def closed_elsewhere(self, t: int) -> bool:
         """Iteration t is closed if a same-stage replica already sent its contribution for it, or every

@@ -72,18 +72,21 @@ class _Asked:
 class LostWork:
     """Both sides for one node: answering ``Redo`` (every node) and redoing left-out work (relays: ``executor``
     set). ``inputs_to``/``grads_to``: the stages our outputs and our gradients go to; ``swarm_microbatches``:
-    the microbatches the data holders closed an iteration with (None: not known here)."""
+    the microbatches the data holders closed an iteration with (None: not known here); ``counted_holders``: the
+    data holders whose microbatches it counts (``Closing.data_holders``; None: all): work of others is not
+    redone, as no part counts it."""
 
     def __init__(self, self_id: str, stage: int, n_stages: int, *, inputs_to: int, grads_to: int, outbox: Outbox,
                  hops: HopTable, executor: Redoable | None, state: PartState, sender: TensorSender,
                  transport: ControlSender, view: SwarmView, is_dead: Callable[[str], bool], compute: ComputeThread,
                  swarm_microbatches: Callable[[int], int | None], events: Events, timings: Timings,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 counted_holders: Callable[[int], tuple[str, ...] | None] = lambda _t: None) -> None:
         self.self_id, self.stage, self.n_stages = self_id, stage, n_stages
         self.inputs_to, self.grads_to = inputs_to, grads_to
         self.outbox, self.hops, self.executor, self.state = outbox, hops, executor, state
         self.sender, self.transport, self.view, self.is_dead = sender, transport, view, is_dead
-        self.compute, self.swarm_microbatches = compute, swarm_microbatches
+        self.compute, self.swarm_microbatches, self.counted_holders = compute, swarm_microbatches, counted_holders
         self.events, self.timings, self.clock = events, timings, clock
         self.background = Background("redo")
         self._asked: dict[int, _Asked] = {}
@@ -154,7 +157,8 @@ class LostWork:
                 await self.chain.fill(t, halves, wanted, self.clock() + self.timings.redo_timeout_s)
         finally:
             self.chain.forget(t)
-        keys = halves.complete()
+        counted = self.counted_holders(t)
+        keys = [k for k in halves.complete() if counted is None or halves.ids[k].data_holder in counted]
         if not keys:
             return gathered
         codec, executor = self.state.codec, self.executor

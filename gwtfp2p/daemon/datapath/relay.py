@@ -172,7 +172,9 @@ class RelayPath:
         iteration = record.meta.microbatch.iteration
 
         def backward() -> torch.Tensor | None:  # the part may have re-synced past it since it arrived
-            return None if self._over(iteration) else self.executor.backward(key, grad).cpu()
+            if self._over(iteration):
+                return None
+            return self.executor.backward(key, grad, record.meta.microbatch.data_holder).cpu()
 
         grad_in, seconds = await self.compute.timed(backward)
         if grad_in is None:
@@ -200,6 +202,10 @@ class RelayPath:
             self.events.emit("recovery", kind="dh_dropped", microbatch=None, data_holder=peer, stage=self.stage,
                              microbatches=len(keys), freed=freed, recomputed_hops=0, extra_s=0.0)
         await self.recovery.peer_dead(peer)
+
+    async def count_only(self, data_holders: tuple[str, ...] | None) -> None:
+        """The iteration's contribution counts the microbatches of ``data_holders`` only (None: all)."""
+        await self.compute.run(self.executor.count_only, data_holders)
 
     def end_iteration(self, iteration: int) -> None:
         """Forget the hop records and kept outputs of ``iteration`` and earlier (after this stage's step)."""
@@ -235,9 +241,18 @@ class RelayRole:
         self.poll_s = poll_s
 
     async def until_over(self, t: int, stop: asyncio.Event, abort: asyncio.Event) -> dict[str, Any] | None:
-        """Relays step on while leaving (``stop``) until the leave is over (``abort``)."""
+        """Relays step on while leaving (``stop``) until the leave is over (``abort``). Once over, the part
+        counts the microbatches of the data holders whose contributions the data holders' aggregation kept
+        (``Closed.data_holders``): a data holder that died mid-iteration counts in every part or in none."""
         while not abort.is_set():
             if await self.gate.wait_closed(t, self.poll_s) or self.closing.closed_elsewhere(t):
+                if self.closing.data_holders(t) is None:  # closed by a replica or the records: the message may follow
+                    await self.gate.wait_closed(t, self.poll_s)
+                members = self.closing.data_holders(t)
+                if members is None:
+                    logger.warning("iteration %d: closed without the data holders' members; counting every "
+                                   "microbatch this part took", t)
+                await self.path.count_only(members)
                 return {}
         return None
 

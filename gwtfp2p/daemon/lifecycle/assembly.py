@@ -225,7 +225,7 @@ def _datapath(base: Base, part: StageExecutor | DataHolderExecutor, sampler: Mic
                     hops=hops, executor=part if isinstance(part, StageExecutor) else None, state=r.state,
                     sender=base.sender, transport=base.transport, view=base.view, is_dead=liveness.is_dead,
                     compute=base.compute, swarm_microbatches=closing.microbatches, events=events, timings=t,
-                    clock=time.monotonic)
+                    clock=time.monotonic, counted_holders=closing.data_holders)
     liveness.subscribe(path.peer_dead)
     liveness.subscribe(lambda peer: r.aggregator.peer_dead(peer, "liveness probe"))
     checkpoints = CheckpointWriter(c.storage.checkpoint_dir, base.identity.run_id, stage, c.storage.checkpoint_every)

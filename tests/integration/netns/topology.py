@@ -15,11 +15,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import subprocess
 import uuid
 from dataclasses import dataclass, field
 
 WAN_NET = "10.77.0"  # public hosts and routers' WAN sides: 10.77.0.X/24
+# Prefix families of the project's topologies (tests: g13, bench_bandwidth: bw16, bench_nat: nat13), each
+# followed by a random hex suffix: a namespace of one of them with no process in it is a killed run's leftover.
+STALE_NAME = re.compile(r"^(g13|bw16|nat13)[0-9a-f]+-.+$")
 LAN_NET = "192.168.{}"  # home network behind router k: 192.168.(100+k).0/24
 
 
@@ -32,6 +36,16 @@ def sh(*args: str, check: bool = True, timeout_s: float = 20.0) -> subprocess.Co
     if check and done.returncode != 0:
         raise TopologyError(f"{' '.join(args)}: exit {done.returncode}: {done.stderr.strip()}")
     return done
+
+
+def clear_stale() -> list[str]:
+    """Delete the namespaces a killed run of ours left (our prefix families, no process inside); the names."""
+    listed = sh("ip", "netns", "list", check=False).stdout.split("\n")
+    stale = [name for name in (line.split(" ", 1)[0] for line in listed)
+             if STALE_NAME.match(name) and not sh("ip", "netns", "pids", name, check=False).stdout.strip()]
+    for name in stale:
+        sh("ip", "netns", "del", name, check=False)
+    return stale
 
 
 @dataclass
@@ -62,6 +76,7 @@ class Topology:
     _ports: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> Topology:
+        clear_stale()
         atexit.register(self.close)
         self._namespace("wan")
         self._in("wan", "ip", "link", "add", "br0", "type", "bridge")

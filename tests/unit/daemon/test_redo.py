@@ -97,14 +97,16 @@ def view(records: dict[str, tuple[str, int]]) -> Any:
 
 
 def node(net: Net, me: str, *, stage: int, outputs: Outputs | None = None, hops: HopTable | None = None,
-         executor: FakeExecutor | None = None, closed_with: int | None = 4) -> LostWork:
+         executor: FakeExecutor | None = None, closed_with: int | None = 4,
+         counted: tuple[str, ...] | None = None) -> LostWork:
     records = {DH: ("data", 0), SURVIVOR: ("relay", 1), LOST: ("relay", 1)}
     work = LostWork(me, stage, 1, inputs_to=1, grads_to=1 if stage == 0 else 0, outbox=outputs or Outputs({}),
                     hops=hops or HopTable(), executor=executor,
                     state=PartState(FakePart(me), T, replay_steps=0, replay_budget_bytes=0), sender=net.sender(me),
                     transport=net.sender(me), view=view(records), is_dead=lambda p: p == LOST,
                     compute=FakeCompute(), swarm_microbatches=lambda t: closed_with if t == T else None,
-                    events=Events(), timings=Timings(redo_timeout_s=0.3), clock=time.monotonic)
+                    events=Events(), timings=Timings(redo_timeout_s=0.3), clock=time.monotonic,
+                    counted_holders=lambda t: counted)
     net.nodes[me] = work
     return work
 
@@ -140,6 +142,18 @@ def test_a_survivor_redoes_the_lost_replicas_microbatches_and_reduces_again() ->
     assert executor.calls == [[mb(0).key, mb(2).key]]
     assert result.count == 4 and result.dropped == () and result.members == (SURVIVOR,)
     assert survivor.state.part.reduced == [SURVIVOR, "redone"]  # the redone sum is reduced with ours
+
+
+def test_work_of_a_data_holder_the_iteration_did_not_keep_is_not_redone() -> None:
+    """The data holders' aggregation left DH out (it died mid-iteration): no part counts its microbatches, so
+    a survivor redoes none of them, though both halves came."""
+    net = Net()
+    outputs, tails = holder_state()
+    node(net, DH, stage=0, outputs=outputs, hops=tails)
+    executor = FakeExecutor()
+    survivor = node(net, SURVIVOR, stage=1, executor=executor, counted=("QmOtherHo1der222",))
+    before = gathered()
+    assert asyncio.run(survivor.complete(before)) is before and executor.calls == []
 
 
 def test_nothing_to_redo_leaves_the_step_as_it_was() -> None:
