@@ -112,15 +112,15 @@ class StageExecutor(Trainable):
 
     def counted(self) -> int:
         """The microbatches this iteration's contribution counts (``count`` is every backward taken)."""
-        return sum(n for origin, (_, n) in self._by_origin.items() if self._counts(origin))
+        return sum(n for origin, (_, n) in self._by_origin.items() if self._is_counted(origin))
 
-    def _counts(self, origin: str) -> bool:
+    def _is_counted(self, origin: str) -> bool:
         return self._counted is None or origin in self._counted
 
     def grad_contribution(self, replica_id: str) -> GradContribution:
         """The exact sum and count of the counted data holders' microbatches (every one's unless ``count_only``
         said otherwise): bitwise what one sum of those microbatches alone would hold."""
-        sums = [held for origin, (held, _) in self._by_origin.items() if self._counts(origin)]
+        sums = [held for origin, (held, _) in self._by_origin.items() if self._is_counted(origin)]
         total = torch.zeros(self.numel, dtype=torch.int64)
         for held in sums:
             total.add_(held.total.detach().to("cpu"))
