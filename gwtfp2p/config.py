@@ -80,6 +80,36 @@ class FlowParams:
         require(self.max_path_weight >= 0.0, "--flow-max-path-weight", "must be >= 0")
 
 
+@dataclass(frozen=True, kw_only=True)
+class CostSettling:
+    """How a node's measured edge costs reach its flow (``gwtfp2p.flow.costs.SettledCosts``).
+
+    A measured cost carries noise (on a loaded 2-core machine the smoothed cost of one link spans
+    about ±25 % between its 10th and 90th percentiles), and every cost the flow sees change can move
+    units. The flow keeps a cost until the smoothed measurement has stayed past the tolerance on the
+    same side for ``confirmations`` probes in a row; then it takes the smoothed value.
+    """
+
+    smoothing: float = 0.1
+    """Weight of a new measurement in the moving average the tolerance is judged on (0 < a <= 1)."""
+    rel_tolerance: float = 0.4
+    """Relative change of the smoothed cost, against the cost the flow holds, that counts as real."""
+    abs_tolerance_s: float = 2e-3
+    """Changes of at most this many seconds never count (loopback and LAN links cost a few ms)."""
+    confirmations: int = 3
+    """Probes in a row that must see the change (on the same side) before the flow takes it."""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.smoothing, (int, float)) and 0.0 < self.smoothing <= 1.0, "CostSettling.smoothing",
+                f"must be within (0, 1], got {self.smoothing!r}")
+        require(isinstance(self.rel_tolerance, (int, float)) and 0.0 <= self.rel_tolerance < 10.0,
+                "CostSettling.rel_tolerance", f"must be within [0, 10), got {self.rel_tolerance!r}")
+        require(isinstance(self.abs_tolerance_s, (int, float)) and 0.0 <= self.abs_tolerance_s < 60.0,
+                "CostSettling.abs_tolerance_s", f"must be within [0, 60) seconds, got {self.abs_tolerance_s!r}")
+        require(isinstance(self.confirmations, int) and self.confirmations >= 1, "CostSettling.confirmations",
+                f"must be an integer >= 1, got {self.confirmations!r}")
+
+
 MODEL_FAMILIES = ("gpt2", "llama")
 CLIP_MODES = ("global", "per_part")
 WIRE_CODECS = ("none", "float16", "bfloat16", "blockwise8")

@@ -10,8 +10,8 @@
   own ``ci`` profile under ``CI=true`` and a random one elsewhere.
 * Tests of real processes (``tests/integration``, ``tests/adversarial``, ``tests/packaging``) may
   be retried at most twice (pytest-rerunfailures); every retry is named in the run's closing
-  summary (``-rR``) and each known cause is recorded in docs/testing.md. Unit and simulator tests
-  are never retried.
+  summary (``-rR``) with the first line of the error that caused it (a section ``why each retry``),
+  and each known cause is recorded in docs/testing.md. Unit and simulator tests are never retried.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from hypothesis import HealthCheck, settings
 TESTS = Path(__file__).resolve().parent
 REAL_PROCESS_SUITES = ("integration", "adversarial", "packaging")
 REAL_PROCESS_RERUNS = 2
+RETRY_REASON_CHARS = 300
+_RETRY_REASONS: list[tuple[str, str, str]] = []  # (test, phase, first error line) of each failed try retried
 
 settings.register_profile(
     "gwtf",
@@ -44,3 +46,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group))
         if retries and path.parts[0] in REAL_PROCESS_SUITES and item.get_closest_marker("flaky") is None:
             item.add_marker(pytest.mark.flaky(reruns=REAL_PROCESS_RERUNS))
+
+
+def _first_error_line(report: pytest.TestReport) -> str:
+    """The line of a failed try's report that says what failed: its ``E `` line, else the report's last line."""
+    text = str(report.longrepr or "")
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (errors[0] if errors else lines[-1] if lines else "(no report)")[:RETRY_REASON_CHARS]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun":
+        _RETRY_REASONS.append((report.nodeid, report.when, _first_error_line(report)))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Every retried try and the first line of its error: a retry must say why, not only that it happened."""
+    if _RETRY_REASONS:
+        terminalreporter.section("why each retry")
+        for nodeid, when, reason in _RETRY_REASONS:
+            terminalreporter.write_line(f"RETRIED {nodeid} ({when}): {reason}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gwtfp2p.config import WIRE_CODECS, ConfigError, FlowParams, require, require_positive
+from gwtfp2p.config import WIRE_CODECS, ConfigError, CostSettling, FlowParams, require, require_positive
 from gwtfp2p.sim.compute import get_model
 from gwtfp2p.sim.network import NetworkSpec
 
@@ -60,9 +60,9 @@ class SensingParams:
     """Smoothing of the bandwidth seen on activation transfers, queueing included (``LinkTable``)."""
     default_bandwidth_bytes_per_s: float = 1e9
     """Bandwidth assumed before a transfer was seen (daemon ``--bandwidth`` default)."""
-    cost_tolerance: float = 0.2
-    """A re-measured edge cost replaces the flow's only if it differs by more than this fraction
-    (and more than 2 ms): the daemon's hysteresis against noise (``links.cost_changed``)."""
+    cost_settling: CostSettling = field(default_factory=CostSettling)
+    """How a re-measured edge cost reaches the flow: the daemon's rule against noise
+    (``gwtfp2p.flow.costs.SettledCosts``, the same class and defaults)."""
 
     def __post_init__(self) -> None:
         for flag, value in (("--detect-mean-s", self.refused_detect_mean_s),
@@ -76,7 +76,6 @@ class SensingParams:
         for flag, value in (("--rtt-ema-alpha", self.rtt_ema_alpha),
                             ("--bandwidth-ema-alpha", self.bandwidth_ema_alpha)):
             require(0 < value <= 1, flag, "must be within (0, 1]")
-        require(0 <= self.cost_tolerance < 1, "--cost-tolerance", "must be within [0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)

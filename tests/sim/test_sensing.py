@@ -44,9 +44,11 @@ def test_costs_are_measured_with_noise_and_updated_past_a_tolerance():
     cost = sensing.cost("a", "b", 0.1, 0.1, 8e6)
     exact = 0.1 + 0.05 + 8e6 / 2e8
     assert cost != exact and 0.9 * exact < cost < 1.15 * exact  # noisy pings, bandwidth seen net of the RTT
-    assert sensing.flow_update("a", "b", cost)
-    assert not sensing.flow_update("a", "b", 1.1 * cost)  # within the hysteresis
-    assert sensing.flow_update("a", "b", 1.5 * cost)
+    assert sensing.flow_update("a", "b", cost) == cost  # the first estimate reaches the flow as it is
+    assert sensing.flow_update("a", "b", 1.3 * cost) is None  # within the noise the daemon tolerates
+    doubled = [sensing.flow_update("a", "b", 3 * cost) for _ in range(30)]  # a lasting change gets through
+    moved = [c for c in doubled if c is not None]
+    assert len(moved) >= 1 and all(c > 1.4 * cost for c in moved)
 
 
 def test_each_gwtf_neighbour_learns_of_a_refused_crash_at_its_own_time():

@@ -109,10 +109,3 @@ class LinkTable:
 def activation_bytes(microbatch_size: int, seq_len: int, hidden: int, element_bytes: int = 4) -> int:
     """Bytes of one microbatch's hidden states crossing a hop."""
     return microbatch_size * seq_len * hidden * element_bytes
-
-
-def cost_changed(old: float | None, new: float, rel_tolerance: float = 0.2, abs_tolerance_s: float = 2e-3) -> bool:
-    """Whether a new edge cost differs enough to re-cost units (hysteresis against noise)."""
-    if old is None:
-        return True
-    return abs(new - old) > max(abs_tolerance_s, rel_tolerance * abs(old))

@@ -3,7 +3,8 @@
 The flow protocol is sans-IO; here it meets the network. A tick runs every ``tick_s`` seconds;
 outgoing envelopes go to a per-peer outbox whose worker batches whatever is queued into one
 ``send_flow`` (order kept per peer, one deadline per send). Repeated send failures report the
-peer as unreachable to its subscribers. The data plane reads the routing through
+peer as unreachable to its subscribers. Measured edge costs reach the flow through ``SettledCosts``
+(only changes that outlast measurement noise). The data plane reads the routing through
 ``next_hop``/``first_hops``.
 """
 
@@ -17,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gwtfp2p.daemon.swarm.links import cost_changed
 from gwtfp2p.daemon.wire import encode_flow
+from gwtfp2p.flow.costs import SettledCosts
 from gwtfp2p.flow.messages import Envelope, Message
 from gwtfp2p.flow.node import FlowNode, Route
 from gwtfp2p.transport import TransportError
@@ -51,8 +52,9 @@ class FlowDriver:
     """One node's flow protocol on the wire."""
 
     def __init__(self, flow: FlowNode, n_stages: int, transport: FlowSender, tick_s: float,
-                 send_timeout_s: float) -> None:
+                 send_timeout_s: float, costs: SettledCosts | None = None) -> None:
         self.flow = flow
+        self.settled = costs or SettledCosts()
         self.transport = transport
         self.tick_s = tick_s
         self.send_timeout_s = send_timeout_s
@@ -73,18 +75,25 @@ class FlowDriver:
     # -- neighbours ---------------------------------------------------------------------------
     def add_neighbour(self, peer: str, stage: int, cost: float | None) -> None:
         if cost is not None:
+            settled = self.settled.offer(peer, cost)
+            cost = settled if settled is not None else self.settled.held(peer)
+        if cost is not None:
             self._costs[peer] = cost
         self._stages[peer] = stage
         self._dispatch(self.flow.add_neighbour(peer, stage, cost, self.now))
 
     def update_cost(self, peer: str, cost: float) -> None:
-        """Re-cost an edge when the new measurement differs enough (hysteresis against noise)."""
-        if self.flow.has_neighbour(peer) and cost_changed(self._costs.get(peer), cost):
-            self._costs[peer] = cost
-            self._dispatch(self.flow.set_edge_cost(peer, cost, self.now))
+        """A new measurement of the edge to ``peer``: re-cost it once the change outlasts the noise."""
+        if not self.flow.has_neighbour(peer):
+            return
+        settled = self.settled.offer(peer, cost)
+        if settled is not None:
+            self._costs[peer] = settled
+            self._dispatch(self.flow.set_edge_cost(peer, settled, self.now))
 
     def lose_neighbour(self, peer: str) -> None:
         self._costs.pop(peer, None)
+        self.settled.forget(peer)
         self._stages.pop(peer, None)
         self._dispatch(self.flow.lose_neighbour(peer, self.now))
         outbox = self._outboxes.pop(peer, None)

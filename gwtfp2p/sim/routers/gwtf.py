@@ -94,7 +94,7 @@ class GwtfRouter(Router):
         a, b = self.nodes[observer], self.nodes[peer]
         cost = self.sensing.cost(observer, peer, a.forward_s + a.backward_s, b.forward_s + b.backward_s,
                                  self.sim.model.activation_bytes)
-        return cost if cost is not None and self.sensing.flow_update(observer, peer, cost) else None
+        return self.sensing.flow_update(observer, peer, cost) if cost is not None else None
 
     def _probe(self, node_id: str) -> None:
         """Every probe period a node pings its adjacent-stage neighbours and re-costs changed edges."""

@@ -6,8 +6,8 @@ As the daemon measures them (gwtfp2p/daemon ``links.py``, ``peers.py``, ``livene
   a ping sees the round trip plus queueing (RTT × (1 + an exponential draw)). Round trips and the
   bandwidth seen on activation transfers (size / (time to the ack − RTT), queueing included) are
   exponential moving averages; the bandwidth is a default until a transfer was seen. The edge
-  cost d(i,j) is the paper's formula over these estimates and the declared compute times; a new
-  estimate replaces the flow's only past a tolerance (hysteresis against noise).
+  cost d(i,j) is the paper's formula over these estimates and the declared compute times; it
+  reaches the flow through the daemon's ``SettledCosts`` (a change that outlasts the noise).
 * **Deaths.** Each node learns of a crash on its own. Refused crashes: after a lognormal draw with
   the mean and 95th percentile the daemon's chaos runs measured (docs/churn.md). Silent crashes:
   the liveness record expires two heartbeats after the last one (the crash falls ``phase_u`` of a
@@ -23,11 +23,10 @@ import math
 import random
 from statistics import NormalDist
 
-from gwtfp2p.flow.costs import edge_cost_s
+from gwtfp2p.flow.costs import SettledCosts, edge_cost_s
 from gwtfp2p.sim.params import SensingParams
 
 MIN_BANDWIDTH_SAMPLE_BYTES = 256 * 1024  # the daemon ignores smaller transfers (links.py)
-COST_TOLERANCE_S = 0.002  # the daemon's absolute hysteresis (links.cost_changed)
 Z95 = NormalDist().inv_cdf(0.95)
 
 
@@ -63,7 +62,7 @@ class Sensing:
         self._rtt: dict[tuple[str, str], Ema] = {}
         self._bandwidth: dict[tuple[str, str], Ema] = {}
         self._probes: dict[tuple[str, str], random.Random] = {}
-        self._flow_cost: dict[tuple[str, str], float] = {}
+        self._flow_costs = SettledCosts(params.cost_settling)
 
     # -- links -----------------------------------------------------------------------------------
     def ping(self, observer: str, peer: str, rtt_s: float) -> None:
@@ -104,18 +103,14 @@ class Sensing:
         return edge_cost_s(own_compute_s, peer_compute_s, rtt.value / 2, rtt.value / 2, bandwidth, bandwidth,
                            size_bytes)
 
-    def flow_update(self, observer: str, peer: str, cost: float) -> bool:
-        """Whether ``cost`` should replace the one ``observer``'s flow has for ``peer`` (hysteresis)."""
-        key = (observer, peer)
-        old = self._flow_cost.get(key)
-        if old is not None and abs(cost - old) <= max(COST_TOLERANCE_S, self.params.cost_tolerance * abs(old)):
-            return False
-        self._flow_cost[key] = cost
-        return True
+    def flow_update(self, observer: str, peer: str, cost: float) -> float | None:
+        """The cost ``observer``'s flow should now hold for ``peer``, or None to keep its own."""
+        return self._flow_costs.offer((observer, peer), cost)
 
     def forget(self, observer: str, peer: str) -> None:
-        for table in (self._rtt, self._bandwidth, self._flow_cost):
+        for table in (self._rtt, self._bandwidth):
             table.pop((observer, peer), None)
+        self._flow_costs.forget((observer, peer))
 
     # -- deaths ----------------------------------------------------------------------------------
     def detect_delay_s(self, observer: str, dead: str, phase_u: float) -> float:
