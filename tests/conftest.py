@@ -12,6 +12,8 @@
   be retried at most twice (pytest-rerunfailures); every retry is named in the run's closing
   summary (``-rR``) with the first line of the error that caused it (a section ``why each retry``),
   and each known cause is recorded in docs/testing.md. Unit and simulator tests are never retried.
+* ``$GWTF_TEST_DEADLINE_FACTOR`` (tests/deadlines.py) multiplies every test's pytest-timeout limit
+  (its own marker, or the ``timeout`` of pyproject.toml), as it does every wait on a daemon's events.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.deadlines import DEADLINE_FACTOR, scaled_timeout
 
 TESTS = Path(__file__).resolve().parent
 REAL_PROCESS_SUITES = ("integration", "adversarial", "packaging")
@@ -41,6 +45,9 @@ settings.load_profile("gwtf")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     retries = config.pluginmanager.hasplugin("rerunfailures")  # off in a flake hunt: first tries only
     for item in items:
+        timeout = scaled_timeout(item.get_closest_marker("timeout"), config.getini("timeout"))
+        if DEADLINE_FACTOR != 1.0 and timeout is not None:
+            item.add_marker(timeout, append=False)  # prepended: the closest marker is the one that counts
         path = Path(str(item.path)).resolve().relative_to(TESTS)
         group = "adversarial" if path.parts[0] == "adversarial" else path.as_posix()
         item.add_marker(pytest.mark.xdist_group(group))

@@ -8,6 +8,8 @@ reader thread collects its events, so callers wait on events (``wait_for``) inst
 ``close`` sends SIGTERM (graceful leave) and then SIGKILLs every group. Daemons are forked from a
 zygote that imported torch, hivemind and transformers once (``zygote``): a swarm starts in seconds
 instead of paying those imports per process (``$GWTF_LOCAL_FORK=0``: a fresh interpreter each).
+A swarm's ``deadline_factor`` multiplies every wait on its daemons' events (slow machines: tests
+set it from ``$GWTF_TEST_DEADLINE_FACTOR``, docs/testing.md).
 """
 
 from __future__ import annotations
@@ -87,8 +89,10 @@ class Daemon:
     """One ``gwtf join --json`` process and the events it printed."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, cwd: Path | None = None,
-                 env: dict[str, str] | None = None, zygotes: Zygotes | None = None) -> None:
+                 env: dict[str, str] | None = None, zygotes: Zygotes | None = None,
+                 deadline_factor: float = 1.0) -> None:
         self.name = name
+        self.deadline_factor = deadline_factor  # multiplies every timeout_s of the waits below
         self.args = args
         self.stderr_path = log_dir / f"{name}.stderr"
         self.started_at = time.time()
@@ -127,6 +131,7 @@ class Daemon:
 
     def wait_for(self, predicate: Callable[[Event], bool], timeout_s: float, what: str = "") -> Event:
         """The first event satisfying ``predicate`` (already seen or to come); TimeoutError past the deadline."""
+        timeout_s *= self.deadline_factor
         deadline = time.monotonic() + timeout_s
         seen = 0
         with self._changed:
@@ -146,6 +151,7 @@ class Daemon:
 
     def next_event(self, names: tuple[str, ...], cursor: int, timeout_s: float) -> tuple[Event, int]:
         """The first event named in ``names`` at or after position ``cursor``, and the next cursor."""
+        timeout_s *= self.deadline_factor
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while True:
@@ -213,9 +219,13 @@ class Swarm:
     """Daemons of one demo or test; ``close`` stops them all (SIGTERM, then SIGKILL of every group)."""
 
     def __init__(self, log_dir: Path, common: tuple[str, ...] = FAST, cwd: Path | None = None,
-                 zygotes: Zygotes | None = None) -> None:
+                 zygotes: Zygotes | None = None, deadline_factor: float = 1.0) -> None:
         """``zygotes``: a preloaded parent shared with other swarms (left running by ``close``); by
-        default the swarm starts its own with its first daemon."""
+        default the swarm starts its own with its first daemon. ``deadline_factor`` (> 0) multiplies
+        every wait on its daemons' events."""
+        if not (deadline_factor > 0 and deadline_factor < float("inf")):
+            raise ValueError(f"deadline_factor must be a positive finite number, got {deadline_factor!r}")
+        self.deadline_factor = deadline_factor
         self.log_dir = log_dir
         self.common = common
         self.cwd = cwd
@@ -225,7 +235,7 @@ class Swarm:
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> Daemon:
         """Start a daemon without waiting for it (``Daemon.wait_ready`` does); ``env`` adds variables."""
-        daemon = Daemon(name, [*self.common, *args], self.log_dir, self.cwd, env, self.zygotes)
+        daemon = Daemon(name, [*self.common, *args], self.log_dir, self.cwd, env, self.zygotes, self.deadline_factor)
         self.daemons.append(daemon)
         return daemon
 

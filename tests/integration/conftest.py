@@ -28,10 +28,11 @@ import pytest
 import uvloop
 
 from gwtfp2p.localswarm.processes import FORK_ENV
+from tests.deadlines import scaled
 from tests.integration.swarm import SESSION_ZYGOTES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = 60.0
+READY_TIMEOUT_S = scaled(60.0)
 LEFTOVER_GRACE_S = 10.0
 IGNORED_CHILDREN = ("torch_shm_manager",)  # torch's shared-memory helper lives for the whole session
 T = TypeVar("T")

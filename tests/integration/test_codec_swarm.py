@@ -28,6 +28,7 @@ from gwtfp2p.daemon.lifecycle.parts import load_sampler
 from gwtfp2p.model.harness import PipelineHarness
 from gwtfp2p.transport.compression import WireCodecs
 from tests.codec_reference import with_codecs
+from tests.deadlines import scaled
 from tests.integration.churn_support import (
     MICROBATCHES,
     assert_in_sync_and_counted,
@@ -155,7 +156,7 @@ def test_recovery_with_lossy_hops_redoes_one_hop(tmp_path: Path) -> None:
 def demo_json(codec: str) -> dict:
     result = subprocess.run([sys.executable, "-m", "gwtf_cli.main", "demo", "--json", "--iterations", "3",
                              "--relays-per-stage", "1", "--codec", codec], cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=220, start_new_session=True)
+                            text=True, timeout=scaled(220), start_new_session=True)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.integration.swarm import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(240)
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.timeout(240)
 
 def test_demo_json_summary() -> None:
     result = subprocess.run([sys.executable, "-m", "gwtf_cli.main", "demo", "--json", "--iterations", "6",
-                             "--relays-per-stage", "1"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=220,
-                            start_new_session=True)
+                             "--relays-per-stage", "1"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=scaled(220), start_new_session=True)
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["iterations"] == 6 and len(summary["losses"]) == 6

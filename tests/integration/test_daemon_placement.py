@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gwtf_cli.demo_cmd import in_sync
+from tests.deadlines import scaled
 from tests.integration.swarm import REPO_ROOT, Swarm
 from tests.integration.test_daemon_parity import write_spec
 
@@ -27,7 +28,7 @@ def start_status(maddr: str, *args: str) -> subprocess.Popen:
 
 
 def finish_status(process: subprocess.Popen) -> str:
-    out, err = process.communicate(timeout=120)
+    out, err = process.communicate(timeout=scaled(120))
     assert process.returncode == 0, err
     return out
 

@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.integration.swarm import REPO_ROOT
 from tests.integration.test_metrics import scrape, value
 
 pytestmark = pytest.mark.timeout(420)  # a whole demo on two shared cores (164 and 220 s at load averages around 20)
-LINE_TIMEOUT_S = 150.0
+LINE_TIMEOUT_S = scaled(150.0)
 
 
 def free_port_run(count: int) -> int:

@@ -33,6 +33,7 @@ from gwtfp2p.config import ConfigError
 from gwtfp2p.daemon.lifecycle.metrics import StartupMetrics
 from gwtfp2p.daemon.lifecycle.metrics_http import MAX_CONNECTIONS, MetricsEndpoint
 from gwtfp2p.daemon.progress import NodeProgress
+from tests.deadlines import scaled
 from tests.integration.churn_support import tiny_spec, write_spec
 from tests.integration.conftest import run_async
 from tests.integration.swarm import FAST, REPO_ROOT, Swarm
@@ -40,7 +41,7 @@ from tests.integration.swarm import FAST, REPO_ROOT, Swarm
 pytestmark = pytest.mark.timeout(300)
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-SCREEN_TIMEOUT_S = 120.0
+SCREEN_TIMEOUT_S = scaled(120.0)
 
 
 def scrape(port: int) -> Samples:

@@ -30,6 +30,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from gwtf_cli.web import serve_status
+from tests.deadlines import scaled
 from tests.integration.churn_support import tiny_spec, write_spec
 from tests.integration.swarm import REPO_ROOT, Swarm
 from tests.integration.test_daemon_placement import gwtf_status
@@ -38,9 +39,9 @@ pytestmark = pytest.mark.timeout(300)
 CHROMIUM = "/usr/bin/chromium"
 BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SERVE_READY_TIMEOUT_S = 90.0
-CRASH_MARKED_WITHIN_S = 10.0
-SHUTDOWN_TIMEOUT_S = 30.0
+SERVE_READY_TIMEOUT_S = scaled(90.0)
+CRASH_MARKED_WITHIN_S = 10.0  # what the page promises: not scaled
+SHUTDOWN_TIMEOUT_S = scaled(30.0)
 
 
 @contextlib.contextmanager
@@ -53,7 +54,7 @@ def browser_page(profile: Path, width: int = 1600, height: int = 1000) -> Iterat
             viewport={"width": width, "height": height})
         try:
             page = context.new_page()
-            page.set_default_timeout(30_000)
+            page.set_default_timeout(scaled(30_000))
             yield page
         finally:
             context.close()
@@ -132,7 +133,7 @@ def test_page_follows_a_live_swarm_and_marks_a_killed_relay(tmp_path: Path) -> N
             print(f"swarm training and the page served after {time.monotonic() - started:.0f} s")
             page.goto(url)
             page.wait_for_function("document.body.dataset.graph === 'drawn' && window.gwtf.last.nodes.length === 4"
-                                   " && window.gwtf.last.routing.length > 0", timeout=60_000)
+                                   " && window.gwtf.last.routing.length > 0", timeout=scaled(60_000))
             shown = drawn(page)
             rendered = shown["data"]
             assert shown["svgVersion"] == str(rendered["live"]["version"])
@@ -142,7 +143,7 @@ def test_page_follows_a_live_swarm_and_marks_a_killed_relay(tmp_path: Path) -> N
 
             # the routing of one read matches the CLI's read; it may move between two reads (on a loaded machine
             # the flow re-routes for a while after the start): read both again, for at most 90 s
-            agree_by = time.monotonic() + 90.0
+            agree_by = time.monotonic() + scaled(90.0)
             for attempt in range(1000):  # noqa: B007 (printed after the loop)
                 cli = json.loads(gwtf_status(dh.maddr, "--json"))
                 shown = wait_for_version_after(page, shown["data"]["live"]["version"])
