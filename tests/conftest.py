@@ -29,6 +29,7 @@ TESTS = Path(__file__).resolve().parent
 REAL_PROCESS_SUITES = ("integration", "adversarial", "packaging")
 REAL_PROCESS_RERUNS = 2
 RETRY_REASON_CHARS = 300
+RETRY_REASON_LINES = 4
 _RETRY_REASONS: list[tuple[str, str, str]] = []  # (test, phase, first error line) of each failed try retried
 
 settings.register_profile(
@@ -56,11 +57,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _first_error_line(report: pytest.TestReport) -> str:
-    """The line of a failed try's report that says what failed: its ``E `` line, else the report's last line."""
+    """What a failed try's report says failed: its first ``E `` lines (the exception, and for a failed
+    ``assert`` the comparison pytest explains), each cut short; else the report's last line."""
     text = str(report.longrepr or "")
-    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ") and line[1:].strip()]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return (errors[0] if errors else lines[-1] if lines else "(no report)")[:RETRY_REASON_CHARS]
+    if not errors:
+        return (lines[-1] if lines else "(no report)")[:RETRY_REASON_CHARS]
+    return " | ".join(e[:RETRY_REASON_CHARS] for e in errors[:RETRY_REASON_LINES])
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -30,7 +30,9 @@ def test_newcomer_replays_the_steps_it_missed(tmp_path: Path) -> None:
         newcomer = swarm.spawn_relay("n2", "2", env={"GWTF_DELAY_AT": "lag_join:2"}).wait_ready(120)
         ready = newcomer.ready
         replayed = newcomer.of("replayed")
-        assert ready["state_source"] == "replica" and len(newcomer.of("downloading")) == 1, newcomer.events
+        downloads = newcomer.of("downloading")
+        assert ready["state_source"] == "replica", (ready, downloads, replayed)
+        assert len(downloads) == 1, (downloads, replayed)
         assert replayed and ready["replayed_steps"] == sum(e["steps"] for e in replayed) >= 2, replayed
         assert ready["from_iteration"] == ready["state_iteration"] + ready["replayed_steps"]
         first = ready["from_iteration"]

@@ -185,8 +185,8 @@ class Joiner:
             return 0
         if not sources and not (sources := await self._confirm_orphaned()):
             return await self._restore(self.swarm_iteration())
-        if sources[0].iteration == 0 and not force:
-            return 0
+        if sources[0].iteration == 0 and not force and self.swarm_iteration() == 0:
+            return 0  # a fresh stage: its state is the initial weights (a record at 0 in a swarm past 0 is stale)
         for source in sources:
             self.events.emit("downloading", source=source.peer_id, stage=self.stage, iteration=source.iteration)
             started = time.monotonic()

@@ -92,3 +92,19 @@ def test_a_fresh_swarm_starts_at_once_from_the_initial_weights() -> None:
 
     loaded, view = asyncio.run(run())
     assert loaded == 0 and view.refreshes == 0
+
+
+def test_a_replica_record_still_at_iteration_0_in_a_swarm_past_it_is_downloaded_from() -> None:
+    """The stage's records lag its steps by up to a heartbeat: a joiner that read the replica's record of
+    iteration 0 while the data holders were at 7 took the initial weights and replayed every step instead
+    of downloading the replica's state (tests/integration/test_churn_replay.py failed on it in CI)."""
+    async def run() -> tuple[int | None, NoStates]:
+        view = LapsingView(back_at=0)
+        view.records[PA] = record(PA, STAGE, 0)
+        transport = NoStates()
+        joiner = Joiner(pid("New"), STAGE, None, view=view, transport=transport, compute=None, answers=None,
+                        events=Events(), checkpoint_dir="", timings=Timings(orphan_confirm_s=60.0))
+        return await asyncio.wait_for(joiner._load(force=False), 2.0), transport
+
+    loaded, transport = asyncio.run(run())
+    assert transport.asked == [PA] and loaded is None  # it went to the replica (which was busy this time)
