@@ -46,8 +46,9 @@ settings.load_profile("gwtf")
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     retries = config.pluginmanager.hasplugin("rerunfailures")  # off in a flake hunt: first tries only
     for item in items:
-        timeout = scaled_timeout(item.get_closest_marker("timeout"), config.getini("timeout"))
-        if DEADLINE_FACTOR != 1.0 and timeout is not None:
+        timeout = (scaled_timeout(item.get_closest_marker("timeout"), config.getini("timeout"))
+                   if DEADLINE_FACTOR != 1.0 else None)
+        if timeout is not None:
             item.add_marker(timeout, append=False)  # prepended: the closest marker is the one that counts
         path = Path(str(item.path)).resolve().relative_to(TESTS)
         group = "adversarial" if path.parts[0] == "adversarial" else path.as_posix()

@@ -61,7 +61,6 @@ class FlowDriver:
         self.now = 0
         self._unreachable: list[Callable[[str], None]] = []
         self._outboxes: dict[str, _PeerQueue] = {}
-        self._costs: dict[str, float] = {}
         self._stages: dict[str, int] = {}
         self.next_stage = 0 if flow.stage == n_stages else flow.stage + 1
         self._routes_version = -1
@@ -75,10 +74,8 @@ class FlowDriver:
     # -- neighbours ---------------------------------------------------------------------------
     def add_neighbour(self, peer: str, stage: int, cost: float | None) -> None:
         if cost is not None:
-            settled = self.settled.offer(peer, cost)
-            cost = settled if settled is not None else self.settled.held(peer)
-        if cost is not None:
-            self._costs[peer] = cost
+            self.settled.offer(peer, cost)
+            cost = self.settled.held(peer)
         self._stages[peer] = stage
         self._dispatch(self.flow.add_neighbour(peer, stage, cost, self.now))
 
@@ -88,11 +85,9 @@ class FlowDriver:
             return
         settled = self.settled.offer(peer, cost)
         if settled is not None:
-            self._costs[peer] = settled
             self._dispatch(self.flow.set_edge_cost(peer, settled, self.now))
 
     def lose_neighbour(self, peer: str) -> None:
-        self._costs.pop(peer, None)
         self.settled.forget(peer)
         self._stages.pop(peer, None)
         self._dispatch(self.flow.lose_neighbour(peer, self.now))
@@ -111,7 +106,7 @@ class FlowDriver:
         return sorted(p for p, k in self._stages.items() if stage is None or k == stage)
 
     def cost(self, peer: str) -> float | None:
-        return self._costs.get(peer)
+        return self.settled.held(peer)
 
     # -- driving ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -182,8 +177,8 @@ class FlowDriver:
     def fallback_hop(self, exclude: set[str] | frozenset[str] = frozenset()) -> Hop | None:
         """The cheapest next-stage neighbour not in ``exclude``, for a microbatch whose unit vanished
         meanwhile or whose next hop refused it."""
-        candidates = [p for p in self.neighbours(self.next_stage) if p not in exclude and p in self._costs]
-        best = min(candidates, key=lambda p: (self._costs[p], p), default=None)
+        costs = {p: self.settled.held(p) for p in self.neighbours(self.next_stage) if p not in exclude}
+        best = min((p for p, c in costs.items() if c is not None), key=lambda p: (costs[p], p), default=None)
         return None if best is None else Hop(best, "")
 
     def other_first_hop(self, exclude: set[str]) -> Hop | None:
