@@ -10,8 +10,9 @@
   own ``ci`` profile under ``CI=true`` and a random one elsewhere.
 * Tests of real processes (``tests/integration``, ``tests/adversarial``, ``tests/packaging``) may
   be retried at most twice (pytest-rerunfailures); every retry is named in the run's closing
-  summary (``-rR``) with the first line of the error that caused it (a section ``why each retry``),
-  and each known cause is recorded in docs/testing.md. Unit and simulator tests are never retried.
+  summary (``-rR``) with the first lines of the error that caused it (a section ``why each retry``)
+  and the last lines the failed try printed (pytest shows them nowhere else); each known cause is
+  recorded in docs/testing.md. Unit and simulator tests are never retried.
 * ``$GWTF_TEST_DEADLINE_FACTOR`` (tests/deadlines.py) multiplies every test's pytest-timeout limit
   (its own marker, or the ``timeout`` of pyproject.toml), as it does every wait on a daemon's events.
 """
@@ -30,7 +31,10 @@ REAL_PROCESS_SUITES = ("integration", "adversarial", "packaging")
 REAL_PROCESS_RERUNS = 2
 RETRY_REASON_CHARS = 300
 RETRY_REASON_LINES = 4
+RETRY_OUTPUT_LINES = 60  # of a retried try's captured output, the last lines printed under its RETRIED line
+RETRY_OUTPUT_CHARS = 400
 _RETRY_REASONS: list[tuple[str, str, str]] = []  # (test, phase, first error line) of each failed try retried
+_RETRY_OUTPUT: list[list[str]] = []  # the end of each retried try's captured output (stdout, stderr, logs)
 
 settings.register_profile(
     "gwtf",
@@ -68,14 +72,27 @@ def _first_error_line(report: pytest.TestReport) -> str:
     return " | ".join(e[:RETRY_REASON_CHARS] for e in errors[:RETRY_REASON_LINES])
 
 
+def _output_tail(report: pytest.TestReport) -> list[str]:
+    """The last lines a failed try printed (pytest shows a retried try's output nowhere else), each cut
+    short, under the name of the section they came from."""
+    lines: list[str] = []
+    for title, text in report.sections:
+        if title.startswith("Captured") and text.strip():
+            lines += [f"[{title}]"] + [line[:RETRY_OUTPUT_CHARS] for line in text.rstrip().splitlines()]
+    return lines[-RETRY_OUTPUT_LINES:]
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.outcome == "rerun":
         _RETRY_REASONS.append((report.nodeid, report.when, _first_error_line(report)))
+        _RETRY_OUTPUT.append(_output_tail(report))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Every retried try and the first line of its error: a retry must say why, not only that it happened."""
     if _RETRY_REASONS:
         terminalreporter.section("why each retry")
-        for nodeid, when, reason in _RETRY_REASONS:
+        for (nodeid, when, reason), output in zip(_RETRY_REASONS, _RETRY_OUTPUT, strict=True):
             terminalreporter.write_line(f"RETRIED {nodeid} ({when}): {reason}")
+            for line in output:
+                terminalreporter.write_line(f"    {line}")

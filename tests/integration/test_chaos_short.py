@@ -23,7 +23,9 @@ def test_chaos_short(tmp_path: Path) -> None:
     assert SETUP.processes >= 8
     result = run_chaos(SETUP, tmp_path)
     per_crash = result.pop("per_crash")
+    trail = result.pop("trail")
     print("CHAOS", json.dumps({k: v for k, v in result.items() if k != "setup"}, default=str))
+    print("\n".join(trail))  # a failed run's story, one event per line (a retry's summary shows its end)
     assert result["violations"] == [], result["violations"]
     assert result["crashes"] >= 4 and result["iterations"] == 12
     assert result["lost_microbatches"] == 0 and result["replicas_in_sync"] and result["loss_down"]
