@@ -33,8 +33,8 @@ RETRY_REASON_CHARS = 300
 RETRY_REASON_LINES = 4
 RETRY_OUTPUT_LINES = 60  # of a retried try's captured output, the last lines printed under its RETRIED line
 RETRY_OUTPUT_CHARS = 400
-_RETRY_REASONS: list[tuple[str, str, str]] = []  # (test, phase, first error line) of each failed try retried
-_RETRY_OUTPUT: list[list[str]] = []  # the end of each retried try's captured output (stdout, stderr, logs)
+# (test, phase, first error lines, end of its captured output) of each failed try that was retried
+_RETRIED: list[tuple[str, str, str, list[str]]] = []
 
 settings.register_profile(
     "gwtf",
@@ -84,15 +84,14 @@ def _output_tail(report: pytest.TestReport) -> list[str]:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.outcome == "rerun":
-        _RETRY_REASONS.append((report.nodeid, report.when, _first_error_line(report)))
-        _RETRY_OUTPUT.append(_output_tail(report))
+        _RETRIED.append((report.nodeid, report.when, _first_error_line(report), _output_tail(report)))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Every retried try and the first line of its error: a retry must say why, not only that it happened."""
-    if _RETRY_REASONS:
+    if _RETRIED:
         terminalreporter.section("why each retry")
-        for (nodeid, when, reason), output in zip(_RETRY_REASONS, _RETRY_OUTPUT, strict=True):
+        for nodeid, when, reason, output in _RETRIED:
             terminalreporter.write_line(f"RETRIED {nodeid} ({when}): {reason}")
             for line in output:
                 terminalreporter.write_line(f"    {line}")
