@@ -51,13 +51,16 @@ class Member(BaseModel):
 
 
 class MemberAnswer(BaseModel):
-    """Answer to ``Member``: not ``accepted`` when the receiver already aggregated ``from_iteration``."""
+    """Answer to ``Member``: not ``accepted`` when the receiver already aggregated ``from_iteration``.
+    ``from_iteration`` and ``until_iteration`` repeat the notice's, so an answer is never taken for
+    another notice's (a late answer, or a withdrawal's)."""
     model_config = _STRICT
     kind: Literal["member_answer"] = "member_answer"
     stage: Stage
     from_iteration: Iteration
     accepted: bool
     receiver_iteration: Iteration
+    until_iteration: Iteration | None = None
 
 
 class Closed(BaseModel):

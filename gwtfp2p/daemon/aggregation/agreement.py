@@ -94,9 +94,15 @@ class RoundAgreement:
             self.update_view(origin, view)
 
     def update_view(self, peer: str, view: Iterable[str]) -> None:
-        if peer not in self.dead:
-            self.views[peer] = frozenset(view) | {peer}
-            self.expect(self.views[peer])
+        """``peer``'s expected list; one that changes after we decided gets our decision (it may wait for a
+        member that joined its list late and will never push: the others decided without it)."""
+        if peer in self.dead:
+            return
+        new = frozenset(view) | {peer}
+        if self.decision is not None and peer != self.me and self.views.get(peer) != new:
+            self.tell.add(peer)
+        self.views[peer] = new
+        self.expect(new)
 
     def peer_dead(self, peer: str) -> bool:
         """Record a death; True if it is news. A leader that already queried queries again."""

@@ -58,7 +58,7 @@ async def handshake(transport: ControlSender, box: AnswerBox, peers: list[str], 
 async def _notify(transport: ControlSender, box: AnswerBox, peers: list[str], stage: int, from_iteration: int,
                   timeout_s: float) -> tuple[dict[str, MemberAnswer], list[str]]:
     """One round of notices: (the answers that came within ``timeout_s``, the peers that took the notice)."""
-    futures = box.expect(stage, peers)
+    futures = box.expect(stage, from_iteration, peers)
     payload = encode_control(Member(stage=stage, from_iteration=from_iteration))
     took = []
     for peer in peers:

@@ -90,6 +90,8 @@ class Joiner:
                 await self._wait_stage_past(from_iteration + int(lag))
             if from_iteration is not None and await self._handshake(from_iteration):
                 return from_iteration
+            if from_iteration is not None:
+                await self._withdraw(from_iteration)  # refused by one: those that took it must not wait for us
             await self.view.refresh()
             if from_iteration is not None:
                 logger.info("stage %d moved on while joining: replaying its steps since %d", self.stage,
@@ -125,7 +127,9 @@ class Joiner:
         return await self._catch_up(from_iteration), False
 
     async def _withdraw(self, iteration: int) -> None:
-        await withdraw(self.transport, self.accepted, self.stage, iteration, self.timings.message_timeout_s)
+        """Tell who took our membership from ``iteration`` we will not be there (from 0: the next notice will)."""
+        if iteration > 0 and self.accepted:
+            await withdraw(self.transport, self.accepted, self.stage, iteration, self.timings.message_timeout_s)
         self.accepted = []
 
     async def _catch_up(self, from_iteration: int, until: int | None = None, wait_s: float | None = None) -> int | None:

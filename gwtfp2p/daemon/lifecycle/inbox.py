@@ -190,8 +190,7 @@ class Inbox:
             self.background.spawn(serving.recovery.on_message(sender, decoded), f"recovery message from {sender}")
 
     async def _member(self, serving: Receivers, sender: str, member: Member) -> None:
-        if serving.guard is None or await serving.guard.member(sender, member):
-            await serving.membership.on_member(sender, member)
+        await serving.membership.on_notice(sender, member, None if serving.guard is None else serving.guard.member)
 
     async def get_state(self, stage: int) -> StateBlob | None:
         serving = self._serving

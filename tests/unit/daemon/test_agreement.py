@@ -40,6 +40,32 @@ def test_views_grow_as_pushes_arrive() -> None:
     assert b.decision == ("b", "c", "n") and sends == []
 
 
+def test_a_member_whose_list_grows_after_the_others_decided_is_told_their_decision() -> None:
+    """c pushed with the list a, b, c, then took a joiner j as a member of this iteration (a notice that the
+    others had refused as stale): a and b decide on the fast path without j; c waits for j, which never
+    pushes here. c's new list reaches a after a decided: a tells c its decision, and c applies it (before,
+    c waited out the 60 s deadline, declared j dead, and the stage split: a CI failure of the chaos test)."""
+    everyone = ["a", "b", "c"]
+    a, c = RoundAgreement("a"), RoundAgreement("c")
+    a.start(everyone)
+    c.start(everyone)
+    for peer in ("b", "c"):
+        a.contribution(peer, everyone)
+    assert a.progress() == [] and a.decision == ("a", "b", "c")
+    c.contribution("a", everyone)
+    c.contribution("b", everyone)
+    c.expect(["j"])
+    assert c.progress() == [] and c.waiting_for == ["j"]
+    a.update_view("c", sorted(c.views["c"]))  # c's VIEW message
+    sends = a.progress()
+    assert sends == [Send(DECIDED, "c", ("a", "b", "c"))]
+    c.decided("a", sends[0].ids)
+    c.progress()
+    assert c.decision == ("a", "b", "c") and c.how == "adopted"
+    a.update_view("c", sorted(c.views["c"]))  # the same list again: told once
+    assert a.progress() == []
+
+
 def test_dead_member_held_by_one_survivor_is_pulled() -> None:
     everyone = ["a", "b", "x"]
     a, b = RoundAgreement("a"), RoundAgreement("b")

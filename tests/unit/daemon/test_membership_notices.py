@@ -13,7 +13,7 @@ import torch
 from gwtfp2p.daemon.aggregation.aggregator import REFUSED_RETRIES, Aggregator
 from gwtfp2p.daemon.aggregation.membership import Membership
 from gwtfp2p.daemon.config import Timings
-from gwtfp2p.daemon.wire import STARTING_UP, Member
+from gwtfp2p.daemon.wire import STARTING_UP, Member, decode_payload
 from gwtfp2p.transport import Ack
 from tests.unit.daemon.test_aggregation_joiners import NEW1, NEW2, OLD, Net, T, build
 
@@ -79,3 +79,45 @@ def test_a_contribution_waits_for_a_joiner_that_is_still_starting_up() -> None:
 
     gathered = asyncio.run(scenario())
     assert [g.members for g in gathered] == [tuple(sorted((OLD, NEW1)))] * 2
+
+
+class Answers:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    async def send_flow(self, peer: str, payload: bytes, *, timeout_s: float) -> None:
+        self.sent.append(decode_payload(payload))
+
+
+def test_a_senders_notices_are_taken_in_the_order_they_came() -> None:
+    """A joiner's notice of T (refused elsewhere) waits for the guard to read its record; its reservation of
+    T + 2 comes meanwhile. Taken as they finish vetting, T would replace T + 2 and this replica would wait
+    for the joiner at T, where it never pushes. Taken in order, the reservation stands."""
+
+    async def scenario() -> tuple[list[int], Any, list[Any]]:
+        net = Net()
+        replica = build(net, OLD, {OLD: 0}, [OLD])
+        replica.done_through = T - 1
+        transport = Answers()
+        membership = Membership(1, replica.members, transport=transport, same_part_peers=list,
+                                fixed_through=replica.fixed_through, iteration=lambda: T, timeout_s=1.0)
+        record_read = asyncio.Event()
+        vetted: list[int] = []
+
+        async def vet(sender: str, member: Member) -> bool:
+            if member.from_iteration == T:
+                await record_read.wait()  # the first notice waits for the view
+            vetted.append(member.from_iteration)
+            return True
+
+        first = asyncio.ensure_future(membership.on_notice(JOINER, Member(stage=1, from_iteration=T), vet))
+        second = asyncio.ensure_future(membership.on_notice(JOINER, Member(stage=1, from_iteration=T + 2), vet))
+        await asyncio.sleep(0)
+        record_read.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        return vetted, replica.members.get(JOINER), transport.sent
+
+    vetted, membership, answers = asyncio.run(scenario())
+    assert vetted == [T, T + 2]
+    assert membership is not None and membership.from_iteration == T + 2
+    assert [(a.from_iteration, a.accepted) for a in answers] == [(T, True), (T + 2, True)]
