@@ -75,8 +75,8 @@ class HolderPath:
     def begin(self, iteration: int, n_microbatches: int) -> None:
         """Start iteration ``iteration``: a fresh ledger; the previous one's records are forgotten."""
         self.ledger, self.all_back = IterationLedger(iteration, n_microbatches), asyncio.Event()
-        self.tails.drop(list(self.tails.records))
-        self.outbox.drop_through(iteration - 1)  # the outputs kept for a redo of the last iteration (``redo``)
+        self.tails.drop_through(iteration - 1)  # the gradients sent in the last iteration stay for a redo ...
+        self.outbox.drop_through(iteration - 1, returned_through=iteration - 2)  # ... and its outputs (``redo``)
         self._heads, self._mb_seconds = set(), {}
 
     async def send_microbatch(self, t: int, index: int, hop: Hop) -> asyncio.Task:

@@ -46,6 +46,9 @@ class HopTable:
 
     def __init__(self) -> None:
         self.records: dict[str, HopRecord] = {}
+        # the done records of the iteration dropped last, for redo requests only (``sent_to_others``): a slower
+        # replica of the next stage may ask after this part stepped (the stage's norm came from a faster one)
+        self.stepped: dict[str, HopRecord] = {}
 
     def get(self, key: str) -> HopRecord | None:
         return self.records.get(key)
@@ -62,7 +65,8 @@ class HopTable:
 
     def sent_to_others(self, members: set[str], iteration: int) -> list[HopRecord]:
         """The records of ``iteration`` whose gradient went to none of ``members`` (``redo``), by key."""
-        return [r for _key, r in sorted(self.records.items())
+        every = {**self.stepped, **self.records}
+        return [r for _key, r in sorted(every.items())
                 if r.prev not in members and r.grad is not None and r.meta.microbatch.iteration == iteration]
 
     def of_holder(self, data_holder: str) -> list[str]:
@@ -73,7 +77,9 @@ class HopTable:
             self.records.pop(key, None)
 
     def drop_through(self, iteration: int) -> None:
-        """Forget the records of ``iteration`` and earlier (after the part's step)."""
+        """Forget the records of ``iteration`` and earlier (after the part's step); the done ones of ``iteration``
+        stay for redo requests until the next call."""
+        self.stepped = {k: r for k, r in self.records.items() if r.meta.microbatch.iteration == iteration and r.done}
         self.drop([k for k, r in self.records.items() if r.meta.microbatch.iteration <= iteration])
 
     def iterations(self) -> list[int]:

@@ -208,9 +208,11 @@ class RelayPath:
         await self.compute.run(self.executor.count_only, data_holders)
 
     def end_iteration(self, iteration: int) -> None:
-        """Forget the hop records and kept outputs of ``iteration`` and earlier (after this stage's step)."""
+        """Forget the hop records and kept outputs of ``iteration`` and earlier (after this stage's step); what a
+        redo of ``iteration`` needs stays until the next step (a slower replica of a neighbouring stage may ask
+        after this one stepped: the stages' norms came from faster replicas)."""
         self.hops.drop_through(iteration)
-        self.outbox.drop_through(iteration)
+        self.outbox.drop_through(iteration, returned_through=iteration - 1)
 
     def last_iteration(self, last: int) -> int:
         """The latest iteration this relay holds work of (queued microbatches included), at least ``last``."""

@@ -101,7 +101,7 @@ def node(net: Net, me: str, *, stage: int, outputs: Outputs | None = None, hops:
          counted: tuple[str, ...] | None = None) -> LostWork:
     records = {DH: ("data", 0), SURVIVOR: ("relay", 1), LOST: ("relay", 1)}
     work = LostWork(me, stage, 1, inputs_to=1, grads_to=1 if stage == 0 else 0, outbox=outputs or Outputs({}),
-                    hops=hops or HopTable(), executor=executor,
+                    hops=HopTable() if hops is None else hops, executor=executor,
                     state=PartState(FakePart(me), T, replay_steps=0, replay_budget_bytes=0), sender=net.sender(me),
                     transport=net.sender(me), view=view(records), is_dead=lambda p: p == LOST,
                     compute=FakeCompute(), swarm_microbatches=lambda t: closed_with if t == T else None,
@@ -142,6 +142,23 @@ def test_a_survivor_redoes_the_lost_replicas_microbatches_and_reduces_again() ->
     assert executor.calls == [[mb(0).key, mb(2).key]]
     assert result.count == 4 and result.dropped == () and result.members == (SURVIVOR,)
     assert survivor.state.part.reduced == [SURVIVOR, "redone"]  # the redone sum is reduced with ours
+
+
+def test_a_survivor_that_asks_after_the_neighbour_moved_on_still_gets_the_gradients() -> None:
+    """The stage's norm came from a faster survivor, so the neighbour stepped (and began the next iteration)
+    before this survivor's request came: the gradients it sent of the stepped iteration stay until its next
+    step, and the late survivor redoes what the fast one did (before, it found nothing and stepped without
+    the lost microbatches: the replicas of stage 1 diverged, a CI failure of ``test_churn_aggregation``)."""
+    net = Net()
+    outputs, tails = holder_state()
+    tails.drop_through(T)  # the neighbour's step of T (a data holder: its next iteration began)
+    node(net, DH, stage=0, outputs=outputs, hops=tails)
+    executor = FakeExecutor()
+    survivor = node(net, SURVIVOR, stage=1, executor=executor)
+    result = asyncio.run(survivor.complete(gathered()))
+    assert executor.calls == [[mb(0).key, mb(2).key]] and result.count == 4
+    tails.drop_through(T + 1)  # its next step: now they are gone
+    assert tails.sent_to_others({SURVIVOR}, T) == []
 
 
 def test_work_of_a_data_holder_the_iteration_did_not_keep_is_not_redone() -> None:
