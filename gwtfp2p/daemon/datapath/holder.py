@@ -76,7 +76,7 @@ class HolderPath:
         """Start iteration ``iteration``: a fresh ledger; the previous one's records are forgotten."""
         self.ledger, self.all_back = IterationLedger(iteration, n_microbatches), asyncio.Event()
         self.tails.drop_through(iteration - 1)  # the gradients sent in the last iteration stay for a redo ...
-        self.outbox.drop_through(iteration - 1, returned_through=iteration - 2)  # ... and its outputs (``redo``)
+        self.outbox.drop_through(iteration - 1)  # ... and its outputs (``redo``)
         self._heads, self._mb_seconds = set(), {}
 
     async def send_microbatch(self, t: int, index: int, hop: Hop) -> asyncio.Task:

@@ -157,9 +157,8 @@ class Outbox:
         self.table.drop(lambda k, _e: k not in gone)
         self.returned = {k: v for k, v in self.returned.items() if k not in gone}
 
-    def drop_through(self, iteration: int, returned_through: int | None = None) -> None:
-        """Forget outputs of ``iteration`` and earlier (the part stepped: nothing comes back for them); those whose
-        gradient came back (kept for redo requests) of ``returned_through`` and earlier (default: ``iteration``)."""
-        returned_through = iteration if returned_through is None else returned_through
+    def drop_through(self, iteration: int) -> None:
+        """Forget outputs of ``iteration`` and earlier (the part stepped: nothing comes back for them); those of
+        ``iteration`` whose gradient came back stay for redo requests until the next call (as ``HopTable``'s)."""
         self.table.drop(lambda _k, e: e.meta.microbatch.iteration > iteration)
-        self.returned = {k: v for k, v in self.returned.items() if v[1].meta.microbatch.iteration > returned_through}
+        self.returned = {k: v for k, v in self.returned.items() if v[1].meta.microbatch.iteration >= iteration}

@@ -212,7 +212,7 @@ class RelayPath:
         redo of ``iteration`` needs stays until the next step (a slower replica of a neighbouring stage may ask
         after this one stepped: the stages' norms came from faster replicas)."""
         self.hops.drop_through(iteration)
-        self.outbox.drop_through(iteration, returned_through=iteration - 1)
+        self.outbox.drop_through(iteration)
 
     def last_iteration(self, last: int) -> int:
         """The latest iteration this relay holds work of (queued microbatches included), at least ``last``."""
