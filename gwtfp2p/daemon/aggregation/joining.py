@@ -83,22 +83,22 @@ class Joiner:
         self.prefer = frozenset(prefer)
         from_iteration: int | None = None
         for attempt in range(ATTEMPTS):
-            if from_iteration is None:
-                from_iteration = await self._load(force=force or attempt > 0)
-            lag = testpoints.take("lag_join") if from_iteration is not None else None  # tests only
-            if lag:
+            if from_iteration is None and (from_iteration := await self._load(force=force or attempt > 0)) is None:
+                await self.view.refresh()
+                continue
+            if lag := (testpoints.take("lag_join") if self.source == "replica" else None):  # tests: a download lags
                 await self._wait_stage_past(from_iteration + int(lag))
-            if from_iteration is not None and await self._handshake(from_iteration):
+            if await self._handshake(from_iteration):
                 return from_iteration
-            if from_iteration is not None:
-                await self._withdraw(from_iteration)  # refused by one: those that took it must not wait for us
+            await self._withdraw(from_iteration)  # refused by one: those that took it must not wait for us
             await self.view.refresh()
-            if from_iteration is not None:
-                logger.info("stage %d moved on while joining: replaying its steps since %d", self.stage,
-                            from_iteration)
-                from_iteration, reserved = await self._reserve_and_catch_up(from_iteration, RESERVE_AHEAD << attempt)
-                if reserved:
-                    return from_iteration
+            if from_iteration == 0 and self.source == "initial" and self._sources():
+                from_iteration = None  # the records we read lagged a stage past 0: download (next try), not replay
+                continue  # every step since 0 (each logged step carries a gradient the size of the weights)
+            logger.info("stage %d moved on while joining: replaying its steps since %d", self.stage, from_iteration)
+            from_iteration, reserved = await self._reserve_and_catch_up(from_iteration, RESERVE_AHEAD << attempt)
+            if reserved:
+                return from_iteration
         raise JoinError(f"--stage: could not catch up with stage {self.stage}'s replicas after {ATTEMPTS} tries "
                         "(each download failed, or the stage stepped before it was loaded)")
 

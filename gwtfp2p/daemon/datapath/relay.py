@@ -117,6 +117,8 @@ class RelayPath:
         return iteration < self.gate.iteration
 
     async def on_backward(self, sender: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
+        if crashpoints.armed_at("exit_before_backward", self.stage, meta.microbatch.iteration):
+            await self._forwards_sent(meta.microbatch.iteration)  # tests only: the point is after the forwards
         crashpoints.hit("exit_before_backward", self.stage, meta.microbatch.iteration, self.events)
         key = meta.microbatch.key
         if self._over(meta.microbatch.iteration):  # this part re-synced past it meanwhile
@@ -131,6 +133,18 @@ class RelayPath:
         rc = meta.tags.get("rc", 0)
         self.background.spawn(self._backward(key, record, tensor, rc if isinstance(rc, int) else 0), f"backward {key}")
         return Ack()
+
+    async def _forwards_sent(self, iteration: int, timeout_s: float = 5.0) -> None:
+        """Until every forward of ``iteration`` received here went on (a next hop took it), at most ``timeout_s``:
+        a crash armed before the backward then always finds the next stage holding every one (a gradient
+        can overtake a forward still queued on the compute thread)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline and any(
+                r.meta.microbatch.iteration == iteration and not r.done
+                and ((kept := self.outbox.get(key)) is None or kept.busy or kept.hop is None)
+                for key, r in list(self.hops.records.items())):
+            await asyncio.sleep(0.01)
 
     # -- work -------------------------------------------------------------------------------------
     async def _forward(self, key: str, record: HopRecord, tensor: torch.Tensor) -> None:

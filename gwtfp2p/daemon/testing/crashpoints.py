@@ -5,7 +5,8 @@ first time it reaches ``POINT`` in an iteration ≥ ``ITERATION``: it emits a ``
 SIGKILLs its own process group (its DHT process and p2pd with it), exactly as a crash would.
 Points: ``exit_after_forward`` (a relay computed a forward and has not sent it on),
 ``exit_before_backward`` (a gradient arrives at a relay, before it is acknowledged: the sender's
-transfer fails), ``exit_after_sending`` (a data holder sent all microbatches of the iteration) and
+transfer fails; held until the relay's forwards of that iteration went on, so the next stage holds
+them all), ``exit_after_sending`` (a data holder sent all microbatches of the iteration) and
 ``exit_before_aggregation`` (only in an iteration where the replica carried work: its contribution dies).
 Used by ``tests/integration/test_churn_*.py`` to crash a node mid-forward/mid-backward
 deterministically.
