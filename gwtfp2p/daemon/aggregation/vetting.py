@@ -17,7 +17,9 @@ Counts are not bounded against each other (the flow splits microbatches over rep
 inflated count dilutes the step, and the norm bound grows only as count**0.75, so inflating it gains
 a poisoned direction nothing.
 
-Honest replicas pass (the step stays the exact sum); a poisoned contribution is excluded with the
+Honest replicas whose gradients are of similar size and direction pass (the step stays the exact sum);
+an honest spike, or a contribution of few microbatches pointing against the others, can be excluded as
+well (docs/security.md: the screen is a run-spec choice). A poisoned contribution is excluded with the
 reason, which the aggregator logs. Every number here is computed to the same bits on every machine.
 """
 
