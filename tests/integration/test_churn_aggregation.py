@@ -6,6 +6,8 @@ SIGKILLed before sending its contribution at all: the survivors redo its work (`
 
 from __future__ import annotations
 
+import itertools
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from gwtf_cli.demo_cmd import in_sync
 from gwtfp2p.config import RunSpec
 from tests.integration.churn_support import assert_parity
-from tests.integration.swarm import Daemon, Swarm
+from tests.integration.swarm import Daemon, Event, Swarm
 from tests.integration.test_daemon_parity import write_spec
 
 pytestmark = pytest.mark.timeout(240)
@@ -23,6 +25,7 @@ RECOVERED_WITHIN_S = 20.0  # the survivors' step after the crash (the old rule w
 # as for test_exact_training.py. With three replicas of 2 microbatches each it can leave out honest work (in CI
 # its direction rule excluded the redone sum of a dead replica, cos -0.078 with the replicas' median: docs/security.md).
 SCREEN_OFF = 0.0
+ARM_AHEAD = 3  # the pair is armed for an iteration this far past the data holder's (each runs in ~0.1-0.5 s)
 
 
 def steps_by_iteration(daemon: Daemon) -> dict[int, dict]:
@@ -93,6 +96,30 @@ def test_a_contribution_lost_with_its_replica_is_redone(tmp_path: Path) -> None:
         swarm.close()
 
 
+def carried(daemon: Daemon) -> set[int]:
+    """The iterations in whose step ``daemon``'s count of its own backwards grew (it carried work)."""
+    steps = sorted((e["iteration"], e["own_count"]) for e in daemon.of("step"))
+    return {i for (p, before), (i, after) in itertools.pairwise(steps) if i == p + 1 and after > before}
+
+
+def arm_once_both_carry(dh: Daemon, victims: list[Daemon], crash_files: list[Path]) -> int:
+    """Once the flow sends work through both victims two iterations in a row (it settles within a few: armed
+    from iteration 3 at start, the stage-2 victim once carried nothing in 3, crashed in 4 and the pair was not
+    lost together), arm both (``$GWTF_CRASH_FILE`` + SIGUSR1) to crash once an iteration ``ARM_AHEAD`` past
+    the data holder's closes. The iteration they are armed from."""
+
+    def both_carried_twice(_event: Event) -> bool:
+        both = carried(victims[0]) & carried(victims[1])
+        return any(i >= CRASH_ITERATION and i - 1 in both for i in both)
+
+    dh.wait_for(both_carried_twice, 120, "work through both victims two iterations in a row")
+    armed = max(e["iteration"] for e in dh.of("iteration")) + ARM_AHEAD
+    for stage, (victim, path) in enumerate(zip(victims, crash_files, strict=True), start=1):
+        path.write_text(f"exit_before_aggregation:{stage}:{armed}")
+        victim.signal_group(signal.SIGUSR1, group=False)
+    return armed
+
+
 def test_a_pair_of_neighbouring_replicas_lost_is_redone(tmp_path: Path) -> None:
     """A relay of stage 1 and one of stage 2 SIGKILLed in the same iteration, once it closed, the flow sending
     most microbatches through both (they have the capacity, the survivors one unit each): no live neighbour
@@ -103,14 +130,15 @@ def test_a_pair_of_neighbouring_replicas_lost_is_redone(tmp_path: Path) -> None:
     swarm = Swarm(tmp_path)
     try:
         dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(spec, tmp_path / "spec.json"), "--min-nodes", "5")
-        victims = [swarm.spawn_relay(f"x{s}", str(s), "--capacity", "8",
-                                     env={"GWTF_CRASH_AT": f"exit_before_aggregation:{s}:{CRASH_ITERATION}"})
-                   for s in (1, 2)]
+        crash_files = [tmp_path / f"x{s}.crash" for s in (1, 2)]
+        victims = [swarm.spawn_relay(f"x{s}", str(s), "--capacity", "8", env={"GWTF_CRASH_FILE": str(path)})
+                   for s, path in zip((1, 2), crash_files, strict=True)]
         survivors = [swarm.spawn_relay(f"a{s}", str(s), "--capacity", "1") for s in (1, 2)]
         for daemon in swarm.daemons[1:]:
             daemon.wait_ready()
+        armed = arm_once_both_carry(dh, victims, crash_files)
         faults = [v.wait_event("fault", 120) for v in victims]
-        assert faults[0]["iteration"] == faults[1]["iteration"], faults  # both carried work then
+        assert faults[0]["iteration"] == faults[1]["iteration"] >= armed, faults  # both carried work then
         t = faults[0]["iteration"]
         steps = [s.wait_event("step", 90, iteration=t) for s in survivors]
         assert [s["count"] for s in steps] == [6, 6] and all(s["dropped"] == [] for s in steps), steps
