@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,8 @@ class StatusPage:
 
 class Demo:
     def __init__(self, swarm: Swarm, say, geo: bool = False, link_scale: float = 0.2,
-                 metrics_port_base: int | None = None, serve: int | None = None) -> None:
+                 metrics_port_base: int | None = None, serve: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.swarm = swarm
         self.say = say
         self.geo = geo
@@ -95,6 +96,7 @@ class Demo:
                                                     itertools.count(metrics_port_base))
         self.serve = serve  # --serve's port: the page opens once the data holder is up
         self.page: StatusPage | None = None
+        self.clock = clock  # seconds, for the deadline of ``follow``
 
     def where(self, i: int) -> tuple[str, ...]:
         location = "Frankfurt" if i < 0 else GEO_RELAYS[i % len(GEO_RELAYS)]
@@ -131,16 +133,27 @@ class Demo:
         return dh
 
     def follow(self, dh: Daemon, iterations: int) -> list[dict[str, Any]]:
+        """The data holder's iteration events until ``iterations`` (or its ``training_done``). TimeoutError
+        when no iteration comes within ``ITERATION_TIMEOUT_S`` of the last one: the data holder's periodic
+        *waiting* events are shown, but they do not extend the wait (a stuck swarm keeps sending them)."""
         events, cursor, since = [], 0, time.time()
+        progress_at, waiting_for = self.clock(), ""
         while len(events) < iterations:
-            event, cursor = dh.next_event(("iteration", "waiting", "training_done"), cursor, ITERATION_TIMEOUT_S)
+            remaining_s = ITERATION_TIMEOUT_S - (self.clock() - progress_at)
+            if remaining_s <= 0:
+                last = f"after iteration {events[-1]['iteration']}" if events else "before its first iteration"
+                raise TimeoutError(f"the data holder completed no iteration within {ITERATION_TIMEOUT_S:.0f} s "
+                                   f"{last}; it is waiting: {waiting_for or 'it did not say for what'}")
+            event, cursor = dh.next_event(("iteration", "waiting", "training_done"), cursor, remaining_s)
             if event["event"] == "training_done":
                 break
-            if event["event"] == "waiting" and event["time"] >= since:
-                self.say(f"  waiting: {event['reason']}")
             if event["event"] == "waiting":
+                waiting_for = event["reason"]
+                if event["time"] >= since:
+                    self.say(f"  waiting: {event['reason']}")
                 continue
             events.append(event)
+            progress_at = self.clock()
             self.say(f"iteration {event['iteration']:>3}  loss {event['loss']:.4f}  {event['tokens_per_s']:7.0f} tok/s"
                      f"  {event['units']} flow unit(s)  {event['seconds'] * 1000:.0f} ms")
         return events
