@@ -135,10 +135,12 @@ def test_recovery_with_lossy_hops_redoes_one_hop(tmp_path: Path) -> None:
     try:
         dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(spec, tmp_path / "spec.json"),
                                      "--max-iterations", str(iterations), "--min-nodes", "4")
+        # One at a time, the victim first (test_churn_relay.py): started together, r1b was once ready first, the
+        # flow sent every unit through it and the victim never got a gradient to crash on.
         victim = spawn_crashing(swarm, "r1a", "exit_before_backward:1:2", "--stage", "1", *swarm.bootstrap_args(),
-                                "--capacity", "2")
-        for relay in (victim, swarm.spawn_relay("r1b", "1", "--capacity", "2"), swarm.spawn_relay("r2", "2")):
-            relay.wait_ready()
+                                "--capacity", "2").wait_ready()
+        swarm.spawn_relay("r2", "2").wait_ready()
+        swarm.spawn_relay("r1b", "1", "--capacity", "2").wait_ready()
         victim.wait_event("fault", 150)
         dh.wait_event("training_done", 180)
         assert_no_loss(dh, iterations)
