@@ -10,6 +10,8 @@ holders and relays and collects every microbatch's loss, every iteration's swarm
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 from collections import defaultdict
@@ -90,12 +92,19 @@ def run_swarm(spec: RunSpec, iterations: int, work: Path, *, data_holders: int =
         swarm.close()
 
 
+KEPT_LOGS = re.compile(r"^gwtf demo: logs kept in (\S+)$", re.MULTILINE)
+
+
 def demo_losses(*args: str, timeout_s: float = 600.0) -> dict[str, Any]:
-    """``gwtf demo --json ARGS``: its summary (one loss per iteration, ``churn`` with --churn)."""
-    result = subprocess.run([sys.executable, "-m", "gwtf_cli.main", "demo", "--json", *args], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+    """``gwtf demo --json ARGS``: its summary (one loss per iteration, ``churn`` with --churn). The daemons log
+    at INFO (``--keep-logs``): a failed run's error names their directory, a passing run's is removed."""
+    result = subprocess.run([sys.executable, "-m", "gwtf_cli.main", "demo", "--json", "--keep-logs", *args],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+    kept = KEPT_LOGS.search(result.stderr)
     if result.returncode != 0:
         raise RuntimeError(f"gwtf demo {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}")
+    if kept is not None:
+        shutil.rmtree(kept.group(1), ignore_errors=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -75,12 +75,22 @@ class Joiner:
         self.accepted: list[str] = []  # same-part peers that took us as a member (they aggregate with us)
         self.prefer: frozenset[str] = frozenset()  # replicas to download from first (a re-sync's majority)
         self.state_hash = ""  # of the downloaded state (verified by the model)
+        # Of the state the join ends with, past iteration 0: the node's record announces it for the step
+        # before its first iteration until it steps there (else, in a stage of two replicas, one just
+        # joined, a third joiner finds no majority to load a state by: 1 of 2 vouch).
+        self.loaded_hash = ""
         self.source_peer = ""  # the replica it came from
 
     async def join(self, *, force: bool = False, prefer: Collection[str] = ()) -> int:
         """Load the part's state as needed; returns the first iteration this node aggregates. ``force``
-        downloads even at iteration 0, from the replicas in ``prefer`` if any is online (a re-sync)."""
+        downloads even at iteration 0, from the replicas in ``prefer`` if any is online (a re-sync).
+        ``loaded_hash`` is then the hash of the state it holds (after any replay)."""
         self.prefer = frozenset(prefer)
+        from_iteration = await self._join(force)
+        self.loaded_hash = await self.compute.run(self.part.state_hash) if from_iteration > 0 else ""
+        return from_iteration
+
+    async def _join(self, force: bool) -> int:
         from_iteration: int | None = None
         for attempt in range(ATTEMPTS):
             if from_iteration is None and (from_iteration := await self._load(force=force or attempt > 0)) is None:

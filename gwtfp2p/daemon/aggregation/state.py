@@ -26,11 +26,13 @@ from gwtfp2p.transport import StateBlob
 class PartState:
     """The part, its step log and the iteration its state holds (all touched on the compute thread)."""
 
-    def __init__(self, part: Trainable, from_iteration: int, replay_steps: int, replay_budget_bytes: int) -> None:
+    def __init__(self, part: Trainable, from_iteration: int, replay_steps: int, replay_budget_bytes: int,
+                 state_hash: str = "") -> None:
         self.part = part
         self.iteration = from_iteration  # steps contained in the part's state
         self.steps = StepLog(replay_capacity(replay_steps, replay_budget_bytes, part.numel))
-        self.last_hash = ""  # after the last step taken here (the event loop reads it)
+        # After the last step taken here, or of the state the node joined with (the event loop reads it)
+        self.last_hash = state_hash
         self.codec = ContributionCodec(part.spec.aggregate_codec, part.numel)
 
     @property

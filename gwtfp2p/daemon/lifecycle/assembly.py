@@ -144,21 +144,22 @@ def assemble(base: Base, part: StageExecutor | DataHolderExecutor, sampler: Micr
              from_iteration: int, accepted: list[str], joined: Joined, joiner: Joiner | None = None) -> Assembly:
     """Every serving component of a node whose part holds ``from_iteration`` steps (``accepted``: the
     same-part peers that took it as a member at the join; ``joined``: how its state came, for the metrics)."""
-    replicas = _replicas(base, part, from_iteration, accepted)
+    replicas = _replicas(base, part, from_iteration, accepted, "" if joiner is None else joiner.loaded_hash)
     flow = _flow(base, replicas.membership)
     return _datapath(base, part, sampler, replicas, flow, joined, joiner)
 
 
 def _replicas(base: Base, part: StageExecutor | DataHolderExecutor, from_iteration: int,
-              accepted: list[str]) -> _Replicas:
-    """The part's iteration gate, its members and the aggregation over them."""
+              accepted: list[str], state_hash: str) -> _Replicas:
+    """The part's iteration gate, its members and the aggregation over them (``state_hash``: of the state the
+    part joined with, announced until its first step)."""
     t, me, stage, view = base.config.timings, base.identity.peer_id, base.identity.stage, base.view
     gate = IterationGate(from_iteration)
     members = MemberTable(me, from_iteration)
     for peer in accepted:  # they took us from from_iteration: expect them, whatever the DHT says
         members.add(peer, from_iteration)
     storage = base.config.storage
-    state = PartState(part, from_iteration, storage.replay_steps, storage.replay_budget_mib * 2**20)
+    state = PartState(part, from_iteration, storage.replay_steps, storage.replay_budget_mib * 2**20, state_hash)
     peers = PeerBook(me, view.dht.node_key, lambda: view.seen, view.dht.verify_signatures)
     admission = Admission(me, stage, peers, numel=part.numel,
                           tokens_per_microbatch=base.spec.microbatch_size * base.spec.seq_len,

@@ -80,9 +80,14 @@ class Replicas:
 
 class Part:
     numel = 4
+    loaded = "initial weights"
 
     def load_state_bytes(self, data: bytes, expected_hash: str | None) -> str:
-        return "hash-of-26"
+        self.loaded = "hash-of-26"
+        return self.loaded
+
+    def state_hash(self) -> str:
+        return self.loaded
 
 
 class Compute:
@@ -103,3 +108,5 @@ def test_a_joiner_that_took_the_initial_weights_on_lagging_records_downloads_whe
     assert replicas.replays == [], "it replayed the steps since 0 instead of downloading"
     assert replicas.downloads == [PA] and joiner.source == "replica" and joiner.source_peer == PA
     assert first == STAGE_AT and joiner.state_iteration == STAGE_AT and joiner.replayed_steps == 0
+    # What its record announces for step 25 until it steps 26 (test_state_check.py: a stage of two replicas)
+    assert joiner.loaded_hash == "hash-of-26"

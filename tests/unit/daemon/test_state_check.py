@@ -129,3 +129,17 @@ def test_a_replica_past_a_step_it_no_longer_announces_cannot_make_a_majority_pos
     assert digest is None and not possible
     digest, possible, _ = majority_hash([replica(0, 432), replica(1, 450), replica(2, 432, "noised")], 433)
     assert digest == chain(432)  # an anchor step stays announced longer
+
+
+def test_a_replica_that_joined_by_download_vouches_for_the_state_it_loaded() -> None:
+    """A stage of two replicas, one of them joined by downloading the other's state of iteration 28 and not
+    stepped since (a churn demo in CI): a third joiner needs both to vouch for step 27. The joined replica's
+    record announces its loaded state's hash (``Joiner.loaded_hash``); without it (``weight_hash`` empty until
+    its first step), no majority could show until the stage stepped 28, and the third joiner gave up."""
+    veteran = replica(0, 27)
+    joined = NodeRecord(run_id=RUN, peer_id=peer(1), role="relay", stage=1, state="online", iteration=28,
+                        weight_hash=chain(27))
+    assert majority_hash([veteran, joined], 28)[0] == chain(27)
+    silent = joined.model_copy(update={"weight_hash": ""})
+    digest, possible, why = majority_hash([veteran, silent], 28)
+    assert digest is None and possible and "1 of 2 replicas; 2 must agree" in why
