@@ -1,18 +1,16 @@
 """Joining a part: download its current state from a live replica and settle aggregation membership.
 
-A node whose part (stage, or the data holders' head+tail) has replicas past iteration 0 downloads
-the state of the most advanced one (size and sha256 checked by the transport, the state hash by
-the model) and takes part in aggregation from that state's iteration. It tells every same-part
-peer (``Member``); one that already aggregated that iteration answers *stale*, and the node
-reserves an iteration a little ahead and replays the steps the stage takes up to it (``steplog``: the
-replicas' mean gradients, each step checked against its state hash), or downloads again if they
-are no longer kept. A fresh run keeps the seeded initial weights (iteration 0). A stage with no live
-replica in a running swarm (still none after a second look at the DHT, ``Timings.orphan_confirm_s``)
-is restored from this node's local checkpoint (``--checkpoint-dir``, hash verified) or, failing that,
-restarts from its initial weights; either way it enters at the swarm's current iteration (the data
-holders'), so the swarm goes on: that stage lost the steps since its checkpoint (docs/churn.md).
-A downloaded state is loaded only with the hash a majority of the stage's signed records announce
-for it (``state_check``): a replica cannot hand a joiner a state of its own.
+A node whose part (stage, or the data holders' head+tail) has replicas past iteration 0 downloads the state of the
+most advanced one (size and sha256 checked by the transport, the state hash by the model) and takes part in
+aggregation from that state's iteration. It tells every same-part peer (``Member``); one that already aggregated
+that iteration answers *stale*, and the node reserves an iteration a little ahead and replays the steps the stage
+takes up to it (``steplog``: the replicas' mean gradients, each step checked against its state hash), or downloads
+again if they are no longer kept. A fresh run keeps the seeded initial weights (iteration 0). A stage with no live
+replica in a running swarm (still none after a second look at the DHT: ``orphan``) is restored
+from this node's local checkpoint (``--checkpoint-dir``, hash verified) or, failing that, restarts from its initial
+weights; either way it enters at the swarm's current iteration (the data holders'), so the swarm goes on: that stage
+lost the steps since its checkpoint (docs/churn.md). A downloaded state is loaded only with the hash a majority of
+the stage's signed records announce for it (``state_check``): a replica cannot hand a joiner a state of its own.
 """
 
 from __future__ import annotations
@@ -23,9 +21,9 @@ import time
 from collections.abc import Collection
 
 from gwtfp2p.config import ConfigError
-from gwtfp2p.daemon.aggregation import checkpoint
 from gwtfp2p.daemon.aggregation.answers import AnswerBox
 from gwtfp2p.daemon.aggregation.handshake import handshake, withdraw
+from gwtfp2p.daemon.aggregation.orphan import confirm_orphaned, restore_checkpoint
 from gwtfp2p.daemon.aggregation.state_check import agreed_hash, anchor_after
 from gwtfp2p.daemon.compute import ComputeThread
 from gwtfp2p.daemon.config import Timings
@@ -75,22 +73,19 @@ class Joiner:
         self.accepted: list[str] = []  # same-part peers that took us as a member (they aggregate with us)
         self.prefer: frozenset[str] = frozenset()  # replicas to download from first (a re-sync's majority)
         self.state_hash = ""  # of the downloaded state (verified by the model)
-        # Of the state the join ends with, past iteration 0: the node's record announces it for the step
-        # before its first iteration until it steps there (else, in a stage of two replicas, one just
-        # joined, a third joiner finds no majority to load a state by: 1 of 2 vouch).
-        self.loaded_hash = ""
+        self.loaded_hash = ""  # of the state joined with (past 0): its record vouches for it before a first step
         self.source_peer = ""  # the replica it came from
 
     async def join(self, *, force: bool = False, prefer: Collection[str] = ()) -> int:
         """Load the part's state as needed; returns the first iteration this node aggregates. ``force``
-        downloads even at iteration 0, from the replicas in ``prefer`` if any is online (a re-sync).
-        ``loaded_hash`` is then the hash of the state it holds (after any replay)."""
+        downloads even at iteration 0, from the replicas in ``prefer`` if any is online (a re-sync)."""
         self.prefer = frozenset(prefer)
         from_iteration = await self._join(force)
         self.loaded_hash = await self.compute.run(self.part.state_hash) if from_iteration > 0 else ""
         return from_iteration
 
     async def _join(self, force: bool) -> int:
+        """``join``'s tries: load, handshake, else reserve an iteration ahead and replay up to it."""
         from_iteration: int | None = None
         for attempt in range(ATTEMPTS):
             if from_iteration is None and (from_iteration := await self._load(force=force or attempt > 0)) is None:
@@ -197,7 +192,8 @@ class Joiner:
         sources = self._sources()
         if not sources and self.swarm_iteration() == 0:
             return 0
-        if not sources and not (sources := await self._confirm_orphaned()):
+        if not sources and not (sources := await confirm_orphaned(self.view, self.stage, self._sources,
+                                                                  self.timings)):
             return await self._restore(self.swarm_iteration())
         if sources[0].iteration == 0 and not force and self.swarm_iteration() == 0:
             return 0  # a fresh stage: its state is the initial weights (a record at 0 in a swarm past 0 is stale)
@@ -230,20 +226,6 @@ class Joiner:
         """The stage's online replicas, those in ``prefer`` first, then the most advanced."""
         return sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
                       key=lambda r: (r.peer_id not in self.prefer, -r.iteration, r.peer_id))
-
-    async def _confirm_orphaned(self) -> list[NodeRecord]:
-        """No replica of our stage in the view of a running swarm: read the DHT again for at most
-        ``orphan_confirm_s`` (the replicas' records may have lapsed under load: restoring then would fork
-        the stage). The replicas that showed up; none: the stage is orphaned."""
-        deadline = time.monotonic() + self.timings.orphan_confirm_s
-        while time.monotonic() < deadline:
-            await asyncio.sleep(min(self.timings.heartbeat_s / 2, max(0.0, deadline - time.monotonic())))
-            await self.view.refresh()
-            if sources := self._sources():
-                logger.info("stage %d: replicas showed up after a second look: %s", self.stage,
-                            ", ".join(r.peer_id for r in sources))
-                return sources
-        return []
 
     async def _vouched(self, iteration: int, wait_s: float | None = None) -> str | None:
         """The hash a state of ``iteration`` steps must have ("": not checked; None: nobody vouches for one),
@@ -283,15 +265,7 @@ class Joiner:
 
     async def _restore(self, swarm_iteration: int) -> int:
         """No live replica of our stage in a swarm at ``swarm_iteration``: our checkpoint, else initial weights."""
-        saved = None
-        if self.checkpoint_dir:
-            try:
-                saved = checkpoint.read(self.checkpoint_dir, self.view.run_id, self.stage)
-                if saved is not None:
-                    await self.compute.run(self.part.load_state_bytes, saved.data, saved.state_hash)
-            except (checkpoint.CheckpointError, StateError, ValueError) as e:
-                logger.error("checkpoint of stage %d not usable: %s", self.stage, e)
-                saved = None
+        saved = await restore_checkpoint(self.part, self.compute, self.checkpoint_dir, self.view.run_id, self.stage)
         if saved is None:
             logger.warning("stage %d had no live replica and no checkpoint here: it restarts from its initial "
                            "weights at iteration %d", self.stage, swarm_iteration)

@@ -151,8 +151,7 @@ def assemble(base: Base, part: StageExecutor | DataHolderExecutor, sampler: Micr
 
 def _replicas(base: Base, part: StageExecutor | DataHolderExecutor, from_iteration: int,
               accepted: list[str], state_hash: str) -> _Replicas:
-    """The part's iteration gate, its members and the aggregation over them (``state_hash``: of the state the
-    part joined with, announced until its first step)."""
+    """The part's iteration gate, its members and the aggregation over them (the part's state: ``state_hash``)."""
     t, me, stage, view = base.config.timings, base.identity.peer_id, base.identity.stage, base.view
     gate = IterationGate(from_iteration)
     members = MemberTable(me, from_iteration)
