@@ -169,7 +169,8 @@ class Resync:
             await asyncio.sleep(RETRY_PAUSE_S)
             return self.gate.iteration
         self._verify(iteration)
-        state_hash = await self.compute.run(self.state.part.state_hash)  # after any replayed steps too
+        # The join hashed the state it ended with (after any replayed steps) unless it stayed at iteration 0
+        state_hash = self.joiner.loaded_hash or await self.compute.run(self.state.part.state_hash)
         self.state.reset(iteration, state_hash)
         self.members.reset(iteration, self.joiner.accepted)
         self.aggregator.reset(iteration)
