@@ -27,6 +27,7 @@ import psutil
 import pytest
 import uvloop
 
+from gwtfp2p.dht.hivemind_log import P2PD_LEVEL_ENV
 from gwtfp2p.localswarm.processes import FORK_ENV
 from tests.deadlines import scaled
 from tests.integration.swarm import SESSION_ZYGOTES
@@ -75,6 +76,8 @@ def reap_children_at_session_end() -> Iterator[None]:
     # torch_shm_manager is spared: it exits with its last client, and killing it first makes
     # torch abort ("Broken pipe") when the session later frees shared tensors.
     # The session's zygote (swarm.SESSION_ZYGOTES) starts here, before any test counts its processes.
+    # Every daemon's log keeps its p2pd's own lines (a p2pd that stops completing handshakes: docs/testing.md).
+    os.environ.setdefault(P2PD_LEVEL_ENV, "DEBUG")
     if os.environ.get(FORK_ENV, "1") != "0":
         SESSION_ZYGOTES.start()
     yield
