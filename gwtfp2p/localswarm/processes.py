@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gwtfp2p.localswarm.zygote import ForkedProcess, ZygoteClient
 
@@ -56,6 +56,11 @@ class Zygotes:
         if self._current is None or not self._current.alive():
             self._current = ZygoteClient()
         return self._current
+
+    def spawn_module(self, module: str, args: list[str], stderr: IO[bytes], cwd: str | None,
+                     env: dict[str, str]) -> ForkedProcess:
+        """``python -m MODULE ARGS`` forked from the zygote (asked on the spawner thread), a pipe on its stdin."""
+        return _SPAWNER.submit(lambda: self.get().spawn(args, stderr, cwd, env, module=module)).result()
 
     def close(self) -> None:
         if self._current is not None:

@@ -5,7 +5,8 @@ nine times on two cores. The zygote (``python -m gwtfp2p.localswarm.zygote FD``)
 no thread started and no event loop, then forks one child per request read from its socket: the child
 starts its own session, dies with the zygote (``PR_SET_PDEATHSIG``), takes the stdout and stderr sent
 with the request (``SCM_RIGHTS``), its environment and directory, and runs ``gwtf join`` as a fresh
-process would. The zygote reports each child's pid and, when it ends, its exit status.
+process would, or any module's main (``python -m MODULE`` with a pipe on its stdin: the tests' hostile
+peer, which imports the same). The zygote reports each child's pid and, when it ends, its exit status.
 ``ZygoteClient`` is the parent's side; ``ForkedProcess`` looks like ``subprocess.Popen`` to callers.
 """
 
@@ -16,6 +17,7 @@ import ctypes
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -53,20 +55,22 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.setsid()
         _die_with_parent()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.dup2(fds[0], 1)
-        os.dup2(fds[1], 2)
+        for fd, target in zip(fds, (1, 2, 0), strict=False):  # stdout, stderr and, where sent, stdin
+            os.dup2(fd, target)
         for fd in fds:
             os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
         if request.get("cwd"):
             os.chdir(request["cwd"])
-        code = _run_join([str(a) for a in request["args"]])
+        args = [str(a) for a in request["args"]]
+        code = _run_module(str(request["module"]), args) if request.get("module") else _run_join(args)
     except BaseException:  # the child must never return into the zygote's loop
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(ValueError, OSError):  # closed by what ran (python -m json.tool does)
+                stream.flush()
         os._exit(code)
 
 
@@ -81,13 +85,32 @@ def _run_join(args: list[str]) -> int:
     try:
         app(args=args, prog_name="gwtf join", standalone_mode=True)
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        return _exit_code(e)
     return 0
+
+
+def _run_module(module: str, args: list[str]) -> int:
+    """``python -m MODULE ARGS`` in this process; its exit code."""
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        return _exit_code(e)
+    return 0
+
+
+def _exit_code(e: SystemExit) -> int:
+    """As the interpreter ends on ``SystemExit``: an int is the code, None is 0, anything else is printed
+    to stderr and gives 1."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]] | None:
     """One request (a JSON line) and the descriptors sent with it; None when the parent is gone."""
-    data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST_BYTES, 2)
+    data, fds, _flags, _addr = socket.recv_fds(conn, MAX_REQUEST_BYTES, 3)
     if not data:
         return None
     return json.loads(data), fds
@@ -137,9 +160,10 @@ def main() -> None:
 class ForkedProcess:
     """A daemon the zygote forked, with the ``subprocess.Popen`` interface local swarms use."""
 
-    def __init__(self, pid: int, stdout: IO[bytes]) -> None:
+    def __init__(self, pid: int, stdout: IO[bytes], stdin: IO[bytes] | None = None) -> None:
         self.pid = pid
         self.stdout = stdout
+        self.stdin = stdin
         self.returncode: int | None = None
         self._ended = threading.Event()
 
@@ -179,22 +203,29 @@ class ZygoteClient:
         self._reader = threading.Thread(target=self._read, daemon=True, name="gwtf-zygote-reader")
         self._reader.start()
 
-    def spawn(self, args: list[str], stderr: IO[bytes], cwd: str | None, env: dict[str, str]) -> ForkedProcess:
-        """A daemon running ``gwtf join ARGS`` with this stderr, directory and environment."""
+    def spawn(self, args: list[str], stderr: IO[bytes], cwd: str | None, env: dict[str, str],
+              module: str | None = None) -> ForkedProcess:
+        """A daemon running ``gwtf join ARGS`` with this stderr, directory and environment; with ``module``,
+        ``python -m MODULE ARGS`` instead, its stdin a pipe (``ForkedProcess.stdin``)."""
         read_end, write_end = os.pipe()
+        stdin_read, stdin_write = os.pipe() if module else (-1, -1)
         pending = _Pending(threading.Event())
         with self._lock:
             self._pending = pending
         try:
-            request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode()
-            socket.send_fds(self.conn, [request], [write_end, stderr.fileno()])
+            request = json.dumps({"args": args, "cwd": cwd, "env": env, "module": module}).encode()
+            socket.send_fds(self.conn, [request], [write_end, stderr.fileno(), *([stdin_read] if module else [])])
         finally:
             os.close(write_end)
+            if module:
+                os.close(stdin_read)
         if not pending.done.wait(self.ready_timeout_s):
             os.close(read_end)
+            if module:
+                os.close(stdin_write)
             raise RuntimeError(f"the zygote did not fork within {self.ready_timeout_s:.0f} s "
                                f"(exit status {self.process.poll()})")
-        child = ForkedProcess(pending.pid, os.fdopen(read_end, "rb"))
+        child = ForkedProcess(pending.pid, os.fdopen(read_end, "rb"), os.fdopen(stdin_write, "wb") if module else None)
         with self._lock:
             self._children[pending.pid] = child
             if pending.pid in self._early_exits:

@@ -39,8 +39,8 @@ def honest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Honest]:
         swarm.close()
 
 
-def _hostile(honest: Honest) -> Iterator[Mallory]:
-    hostile = Mallory(honest.dh.maddr)
+def _hostile(honest: Honest, name: str) -> Iterator[Mallory]:
+    hostile = Mallory(honest.dh.maddr, honest.swarm.log_dir / f"{name}.stderr")
     try:
         yield hostile
     finally:
@@ -48,12 +48,12 @@ def _hostile(honest: Honest) -> Iterator[Mallory]:
 
 
 @pytest.fixture
-def mallory(honest: Honest) -> Iterator[Mallory]:
+def mallory(honest: Honest, request: pytest.FixtureRequest) -> Iterator[Mallory]:
     """A hostile volunteer who becomes a member or publishes records of her own: killed after the test."""
-    yield from _hostile(honest)
+    yield from _hostile(honest, f"mallory-{request.node.name}")
 
 
 @pytest.fixture(scope="package")
 def outsider(honest: Honest) -> Iterator[Mallory]:
     """A hostile volunteer who never joins the run: the same one for every test that needs no more."""
-    yield from _hostile(honest)
+    yield from _hostile(honest, "outsider")

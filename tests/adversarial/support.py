@@ -19,17 +19,21 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gwtfp2p.config import RunSpec
+from gwtfp2p.localswarm.processes import FORK_ENV
+from gwtfp2p.localswarm.zygote import ForkedProcess
 from tests.integration.conftest import run_async
-from tests.integration.swarm import REPO_ROOT, Daemon, Swarm
+from tests.integration.swarm import REPO_ROOT, SESSION_ZYGOTES, Daemon, Swarm
 
 # Iterations of about a second here: a joiner verifies the state it downloads against the hashes the stage's
 # records announce (published every heartbeat, 2 s); a stage stepping several times a second outruns them.
 SPEC = RunSpec(model_family="gpt2", model_preset="tiny", n_stages=2, seed=14, lr=3e-3, microbatch_size=2,
                seq_len=32, microbatches_per_dh=8)
 CROSS_CHECK = "0.3"
+MALLORY_MODULE = "tests.adversarial.mallory"
 
 
 @dataclass
@@ -105,12 +109,21 @@ def wait_logged(daemon: Daemon, text: str, timeout_s: float) -> None:
 
 
 class Mallory:
-    """A hostile volunteer process (``tests.adversarial.mallory``) taking one command at a time."""
+    """A hostile volunteer process (``tests.adversarial.mallory``) taking one command at a time: forked from
+    the session's zygote, which imported torch and hivemind once (a fresh interpreter spends most of a
+    minute on them while the honest swarm keeps both cores busy), or a fresh one with ``$GWTF_LOCAL_FORK=0``."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self.popen = subprocess.Popen([sys.executable, "-m", "tests.adversarial.mallory", bootstrap], cwd=REPO_ROOT,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                      start_new_session=True, env={**os.environ, "GWTF_HIVEMIND_LOG_LEVEL": "CRITICAL"})
+    def __init__(self, bootstrap: str, stderr_path: Path) -> None:
+        env = {**os.environ, "GWTF_HIVEMIND_LOG_LEVEL": "CRITICAL"}
+        self.stderr_path = stderr_path
+        with open(stderr_path, "wb") as stderr:
+            if os.environ.get(FORK_ENV, "1") != "0":
+                self.popen: subprocess.Popen | ForkedProcess = SESSION_ZYGOTES.spawn_module(
+                    MALLORY_MODULE, [bootstrap], stderr, str(REPO_ROOT), env)
+            else:
+                self.popen = subprocess.Popen([sys.executable, "-m", MALLORY_MODULE, bootstrap], cwd=REPO_ROOT,
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                              start_new_session=True, env=env)
         self.peer_id = self._line(90.0)["peer_id"]
 
     def _line(self, timeout_s: float) -> dict[str, Any]:
@@ -119,15 +132,18 @@ class Mallory:
         while time.monotonic() < deadline:
             if select.select([self.popen.stdout], [], [], 0.2)[0]:
                 line = self.popen.stdout.readline()
-                if line.startswith("{"):
+                if line.startswith(b"{"):
                     return json.loads(line)
             if self.popen.poll() is not None:
-                raise RuntimeError(f"mallory exited with code {self.popen.returncode}")
-        raise TimeoutError(f"mallory did not answer within {timeout_s:.0f} s")
+                raise RuntimeError(f"mallory exited with code {self.popen.returncode}: {self.stderr_tail()}")
+        raise TimeoutError(f"mallory did not answer within {timeout_s:.0f} s: {self.stderr_tail()}")
+
+    def stderr_tail(self, chars: int = 2000) -> str:
+        return self.stderr_path.read_text(errors="replace")[-chars:]
 
     def do(self, command: str, timeout_s: float = 120.0, **args: Any) -> Any:
         assert self.popen.stdin is not None
-        self.popen.stdin.write(json.dumps({"do": command, **args}) + "\n")
+        self.popen.stdin.write(json.dumps({"do": command, **args}).encode() + b"\n")
         self.popen.stdin.flush()
         return self._line(timeout_s)["result"]
 

@@ -1,6 +1,7 @@
 """The zygote local swarms fork their daemons from: a child runs ``gwtf join`` with the arguments,
 environment, directory, stdout and stderr it was given, in its own session, and its exit status comes
-back as ``Popen.returncode`` does (a code, or minus the signal); closing the zygote leaves nothing."""
+back as ``Popen.returncode`` does (a code, or minus the signal); closing the zygote leaves nothing. Another
+module runs as ``python -m`` would run it, with a pipe on its stdin."""
 
 from __future__ import annotations
 
@@ -39,3 +40,23 @@ def test_children_get_their_arguments_streams_and_statuses(tmp_path: Path) -> No
     finally:
         zygote.close()
     assert zygote.process.returncode is not None
+
+
+def test_a_module_gets_its_stdin_and_exits_with_its_own_status(tmp_path: Path) -> None:
+    zygote = ZygoteClient()
+    try:
+        with open(tmp_path / "tool.stderr", "wb") as stderr:
+            tool = zygote.spawn([], stderr, str(tmp_path), {**os.environ}, module="json.tool")
+        assert tool.stdin is not None
+        tool.stdin.write(b'{"stage": 1}')
+        tool.stdin.close()  # end of input: python -m json.tool prints the object and exits
+        assert tool.stdout.read() == b'{\n    "stage": 1\n}\n'
+        assert tool.wait(timeout=60) == 0
+
+        with open(tmp_path / "bad.stderr", "wb") as stderr:
+            bad = zygote.spawn([], stderr, str(tmp_path), {**os.environ}, module="json.tool")
+        bad.stdin.write(b"not json")
+        bad.stdin.close()
+        assert bad.wait(timeout=60) != 0 and "Expecting value" in (tmp_path / "bad.stderr").read_text()
+    finally:
+        zygote.close()
