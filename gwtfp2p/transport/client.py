@@ -25,7 +25,14 @@ from gwtfp2p.transport.compression import encode
 from gwtfp2p.transport.control_link import ControlLinkReset
 from gwtfp2p.transport.direct import DirectClient, DirectFailed, exchange
 from gwtfp2p.transport.direct import handler_name as direct_handler
-from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable, ProtocolError, RemoteError, TransportError
+from gwtfp2p.transport.errors import (
+    PeerTimeout,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteError,
+    TransportError,
+    dial_error,
+)
 from gwtfp2p.transport.framing import StreamClosed, frame, read_chunk, read_frame
 from gwtfp2p.transport.limits import TransportLimits
 from gwtfp2p.transport.link_emulation import LinkEmulator
@@ -105,7 +112,7 @@ class TransportClient:
         except P2PHandlerError as e:
             raise RemoteError(f"{what} to {peer_id} failed remotely: {e}", peer_id, "internal") from e
         except _UNREACHABLE_ERRORS as e:
-            raise PeerUnreachable(f"{what} to {peer_id}: {str(e).splitlines()[0][:300]}", peer_id) from e
+            raise PeerUnreachable(f"{what} to {peer_id}: {dial_error(e)}", peer_id) from e
 
     @contextlib.asynccontextmanager
     async def _bulk_stream(self, peer_id: str, method: str):

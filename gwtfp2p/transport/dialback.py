@@ -21,7 +21,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.proto import runtime_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError
+from gwtfp2p.transport.errors import PeerTimeout, PeerUnreachable, ProtocolError, TransportError, dial_error
 from gwtfp2p.transport.maddrs import for_p2pd
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ async def connect_peer(p2p: P2P, peer_id: str, maddrs: tuple[str, ...], timeout_
     except asyncio.TimeoutError as e:
         raise PeerTimeout(f"connecting to {peer_id} took over {timeout_s:.1f} s", peer_id) from e
     except Exception as e:
-        raise PeerUnreachable(f"cannot connect to {peer_id}: {str(e).splitlines()[0][:200]}", peer_id) from e
+        raise PeerUnreachable(f"cannot connect to {peer_id}: {dial_error(e)}", peer_id) from e
 
 
 async def ask_dialback(p2p: P2P, peer_id: str, request: DialBackRequest, *, namespace: str,

@@ -45,3 +45,10 @@ class RemoteError(TransportError):
 class ProtocolError(TransportError):
     """Malformed data: bad metadata, a tensor that does not match its header, a hash mismatch."""
 
+
+
+def dial_error(e: BaseException, limit: int = 600) -> str:
+    """p2pd's error on one line: a failed dial's first line says only "all dials failed", the lines under it
+    say why each address failed (no route, refused, the relay's refusal), which is what a reader needs."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return "; ".join(lines)[:limit] if lines else type(e).__name__

@@ -42,6 +42,7 @@ from gwtfp2p.daemon.swarm.exclusions import Exclusions
 from gwtfp2p.daemon.swarm.links import LinkTable
 from gwtfp2p.daemon.swarm.liveness import Liveness
 from gwtfp2p.daemon.swarm.placing import pick_stage
+from gwtfp2p.daemon.swarm.redial import RecordDialer
 from gwtfp2p.daemon.swarm.sending import Sender
 from gwtfp2p.daemon.swarm.view import SwarmView
 from gwtfp2p.daemon.swarm.watch import first_useful
@@ -162,7 +163,8 @@ async def start(config: NodeConfig, events: Events, stack: contextlib.AsyncExitS
     _phase("transport", progress, events)
     links, deadlines = LinkTable(net.default_bandwidth_bytes_per_s), Deadlines(t)
     liveness = Liveness(dht.peer_id, transport, links, deadlines, t,
-                        exclusions=Exclusions(c.security.exclude_s, time.monotonic))
+                        exclusions=Exclusions(c.security.exclude_s, time.monotonic),
+                        redialer=RecordDialer(view, transport))
     stack.push_async_callback(liveness.close)
     sender = Sender(transport, links, deadlines, t, on_failure=liveness.suspect, codecs=WireCodecs.of(spec))
     stage, reason = 0, "data holder"

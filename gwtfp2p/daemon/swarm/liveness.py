@@ -4,7 +4,9 @@
 (``updated_at`` past the one seen when it was declared) revives it; its lingering record does not.
 ``Liveness`` probes: a peer is *suspected* when its record expires, transfers or messages to it fail,
 a gradient it owes is late or a recovery reports it; a suspect is pinged (twice if the dial fails at
-once) within an adaptive deadline and, if silent, declared dead; subscribers are told once. A peer
+once, after dialing it at the addresses its record publishes: a peer behind a NAT is reached only
+through its relay circuits, which p2pd may not know yet) within an adaptive deadline and, if silent,
+declared dead; subscribers are told once. A peer
 ``exclude``d for misbehaviour (``exclusions``) is dead to us until its exclusion ends, heartbeats or not.
 """
 
@@ -61,13 +63,20 @@ class Pinger(Protocol):
     async def ping(self, peer: str, *, timeout_s: float) -> PingResult: ...
 
 
+class Redialer(Protocol):
+    async def redial(self, peer: str, *, timeout_s: float) -> bool:
+        """Open a connection to ``peer`` at the addresses its record publishes; whether one opened."""
+        ...
+
+
 class Liveness:
     """Probes suspects, declares the silent dead, and tells subscribers (in subscription order)."""
 
     def __init__(self, self_id: str, pinger: Pinger, links: LinkTable, deadlines: Deadlines,
-                 timings: Timings, exclusions: Exclusions | None = None) -> None:
+                 timings: Timings, exclusions: Exclusions | None = None, redialer: Redialer | None = None) -> None:
         self.self_id = self_id
         self.pinger = pinger
+        self.redialer = redialer  # None: a failed dial is only tried again after the pause
         self.links = links
         self.deadlines = deadlines
         self.retry_pause_s = timings.unreachable_retry_delays_s[0] if timings.unreachable_retry_delays_s else 0.0
@@ -103,9 +112,11 @@ class Liveness:
         self.background.spawn(self.alive(peer), f"liveness of {peer}")
 
     async def alive(self, peer: str) -> bool:
-        """Ping ``peer`` twice (after a pause if the first dial failed at once); False, and it is declared
-        dead, if neither ping is answered within its adaptive deadline. A busy peer that stalls one
-        deadline (a loaded machine, a long step) is not declared dead: that would split its part."""
+        """Ping ``peer`` twice (if the first dial failed at once: after a pause and a dial at the addresses
+        its record publishes); False, and it is declared dead, if neither ping is answered within its
+        adaptive deadline. A busy peer that stalls one deadline (a loaded machine, a long step) is not
+        declared dead: that would split its part; nor is a peer behind a NAT whose relay circuit p2pd did
+        not know when we first dialed it (a replica that sends to a relayed one it has not introduced yet)."""
         if self.is_dead(peer):
             return False
         self._checking.add(peer)
@@ -116,10 +127,18 @@ class Liveness:
                     return True
                 if unreachable and attempt == 0:
                     await asyncio.sleep(self.retry_pause_s)
+                    await self._redial(peer)
             self.declare_dead(peer)
             return False
         finally:
             self._checking.discard(peer)
+
+    async def _redial(self, peer: str) -> None:
+        if self.redialer is None:
+            return
+        opened = await self.redialer.redial(peer, timeout_s=self.deadlines.ping_s(self.links.rtt(peer)))
+        logger.info("%s could not be dialed; dialed again at its record's addresses: %s", peer,
+                    "connected" if opened else "no connection")
 
     async def ping(self, peer: str) -> bool:
         """One routine ping that measures the RTT; a failure is only reported (no verdict): introductions,

@@ -12,7 +12,7 @@ import math
 import pytest
 
 from gwtfp2p.daemon.config import Timings
-from gwtfp2p.daemon.datapath.clipping import GlobalClip
+from gwtfp2p.daemon.datapath.clipping import KEEP_ITERATIONS, GlobalClip
 from gwtfp2p.daemon.wire import PartNorm, StepNorm, decode_payload
 from gwtfp2p.dht import NodeRecord
 from tests.unit.daemon.fakes import DA, DB, DH, PA, PB, FakeClock
@@ -142,3 +142,22 @@ def test_a_non_finite_part_makes_the_total_non_finite() -> None:
                                                                   for p in (DH, PA))
     with pytest.raises(ValueError):
         PartNorm(iteration=1, stage=1, sq_norm=-1.0)
+
+
+def test_a_relay_cut_off_mid_step_clips_by_its_own_norm_once_the_data_holders_forgot_the_total() -> None:
+    """The NAT test's outage: the NAT'd replica's link went down while it waited for the total of iteration 32;
+    the others stepped on without it, and when it came back the data holder, at 1,196, no longer knew that
+    total: the replica asked for it for four minutes and never reached the re-sync that follows a step."""
+    view, transport = swarm(), Transport()
+    relay = GlobalClip(1, 2, view=view, transport=transport, timings=TIMINGS, clock=FakeClock())
+
+    async def scenario() -> tuple[bool, float]:
+        view.records[DH] = view.records[DH].model_copy(update={"iteration": 32 + KEEP_ITERATIONS})
+        waiting = asyncio.ensure_future(relay.total_for_stage(32, 2.5))
+        while len(transport.sent) < 3:  # it still keeps the total: ask on
+            await asyncio.sleep(0)
+        still = not waiting.done()
+        view.records[DH] = view.records[DH].model_copy(update={"iteration": 33 + KEEP_ITERATIONS})
+        return still, await asyncio.wait_for(waiting, 5)
+
+    assert asyncio.run(scenario()) == (True, 2.5)

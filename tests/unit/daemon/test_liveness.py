@@ -96,3 +96,43 @@ def test_a_peer_that_stalls_one_deadline_or_answers_with_an_error_is_alive() -> 
 
     assert asyncio.run(scenario()) == (True, True)
     assert not detector.is_dead(PA) and not detector.is_dead(PB)
+
+
+class Redialer:
+    """Dials a peer at its record's addresses: ``reachable`` ones become pingable (their circuit opened)."""
+
+    def __init__(self, pinger: FakePinger, reachable: set[str]) -> None:
+        self.pinger, self.reachable = pinger, reachable
+        self.calls: list[tuple[str, float]] = []
+
+    async def redial(self, peer: str, *, timeout_s: float) -> bool:
+        self.calls.append((peer, timeout_s))
+        if peer in self.reachable:
+            self.pinger.unreachable.discard(peer)
+            return True
+        return False
+
+
+def test_a_peer_that_cannot_be_dialed_is_dialed_at_its_records_addresses_before_the_verdict() -> None:
+    """The NAT test's flake: a replica sent to a relayed replica before p2pd knew its relay circuit, the dial
+    and the ping 0.2 s later failed, and it was declared dead (the part split; its data holder excluded it)."""
+    pinger = FakePinger(unreachable={PA, PB})
+    redialer = Redialer(pinger, reachable={PA})
+    detector = Liveness(U, pinger, LinkTable(1e9), Deadlines(TIMINGS), TIMINGS, redialer=redialer)
+
+    async def scenario() -> tuple[bool, bool]:
+        return await detector.alive(PA), await detector.alive(PB)
+
+    assert asyncio.run(scenario()) == (True, False)  # PB: no route at its record's addresses either (it crashed)
+    assert not detector.is_dead(PA) and detector.is_dead(PB)
+    assert [p for p, _ in pinger.pings] == [PA, PA, PB, PB]
+    assert [p for p, _ in redialer.calls] == [PA, PB]
+    assert all(t == Deadlines(TIMINGS).ping_s(None) for _, t in redialer.calls)
+
+
+def test_a_silent_peer_is_not_redialed() -> None:
+    """Only a dial that failed at once is retried at the record's addresses; a timeout is the peer's silence."""
+    pinger = FakePinger(silent={PA})
+    redialer = Redialer(pinger, reachable={PA})
+    detector = Liveness(U, pinger, LinkTable(1e9), Deadlines(TIMINGS), TIMINGS, redialer=redialer)
+    assert not asyncio.run(detector.alive(PA)) and redialer.calls == []
