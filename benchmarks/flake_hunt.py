@@ -5,7 +5,9 @@ not in it), a read-only copy of ``../shared`` beside it, a fresh ``.venv`` made 
 ``CI=true``, no standard input, ``VIRTUAL_ENV``/``PYTHONPATH`` unset. The suites run with retries off
 (``-p no:rerunfailures``): a hunt counts first tries. At the end it prints, per test, passes, failures
 and the first line of each distinct failure, and writes them as JSON (``--json``). It measures; it
-asserts nothing. Its exit status is 1 when any test failed in any round.
+asserts nothing. Its exit status is 1 when any test failed in any round. With ``--json`` the table is written
+after every round (a hunt cut short keeps the rounds it finished); with ``--logs DIR`` the daemons' logs of
+every failed test (its pytest temporary folder) are kept under ``DIR/round-N/``.
 
     make flake-hunt N=5                       # integration + adversarial suites, 5 fresh clones
     python benchmarks/flake_hunt.py --rounds 3 --suite tests/integration/test_churn_data_holder.py
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -93,7 +96,18 @@ def outcomes(junit: Path) -> dict[str, str | None]:
     return result
 
 
-def run_round(ref: str, suites: list[str], index: int, keep: bool) -> dict[str, str | None]:
+def keep_failed_logs(basetemp: Path, result: dict[str, str | None], dest: Path) -> None:
+    """Copy the pytest temporary folders of the failed tests (their daemons' logs) to ``dest``."""
+    for test_id, line in result.items():
+        if line is None or not basetemp.is_dir():
+            continue
+        prefix = re.sub(r"\W", "_", test_id.rsplit("::", 1)[-1])[:30]  # how pytest names a test's tmp_path
+        for folder in basetemp.glob(f"{prefix}*"):
+            if folder.is_dir() and not folder.is_symlink():
+                shutil.copytree(folder, dest / folder.name, dirs_exist_ok=True)
+
+
+def run_round(ref: str, suites: list[str], index: int, keep: bool, logs: Path | None) -> dict[str, str | None]:
     workdir = Path(tempfile.mkdtemp(prefix=f"gwtf-flake-hunt-{index}-"))
     try:
         repo = fresh_clone(ref, workdir)
@@ -102,11 +116,14 @@ def run_round(ref: str, suites: list[str], index: int, keep: bool) -> dict[str, 
             started = time.monotonic()
             subprocess.run(["make", "install"], cwd=repo, env=ci_env(), stdin=subprocess.DEVNULL, stdout=out,
                            stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S, check=True)
-            junit = workdir / "junit.xml"
+            junit, basetemp = workdir / "junit.xml", workdir / "tmp"
             subprocess.run([str(repo / ".venv/bin/python"), "-m", "pytest", "-q", "-p", "no:rerunfailures",
-                            f"--junitxml={junit}", *suites], cwd=repo, env=ci_env(), stdin=subprocess.DEVNULL,
-                           stdout=out, stderr=subprocess.STDOUT, timeout=ROUND_TIMEOUT_S)
+                            f"--junitxml={junit}", f"--basetemp={basetemp}", *suites], cwd=repo, env=ci_env(),
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, timeout=ROUND_TIMEOUT_S)
         result = outcomes(junit) if junit.exists() else {"<no junit report>": f"see {log}"}
+        if logs is not None:
+            keep_failed_logs(basetemp, result, logs / f"round-{index}")
+            shutil.copy(log, logs / f"round-{index}.log")
         failed = sum(line is not None for line in result.values())
         print(f"round {index}: {len(result) - failed} passed, {failed} failed in "
               f"{time.monotonic() - started:.0f} s ({workdir})", flush=True)
@@ -148,17 +165,22 @@ def main() -> int:
                         help=f"a test path to run (repeatable; default {' '.join(DEFAULT_SUITES)})")
     parser.add_argument("--json", type=Path, help="write the table as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep each round's clone and log")
+    parser.add_argument("--logs", type=Path, help="keep each round's log and its failed tests' daemon logs here")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     suites = args.suites or list(DEFAULT_SUITES)
-    rounds = [run_round(args.ref, suites, i, args.keep) for i in range(1, args.rounds + 1)]
-    tallies = tabulate(rounds)
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    rounds: list[dict[str, str | None]] = []
+    for i in range(1, args.rounds + 1):
+        rounds.append(run_round(args.ref, suites, i, args.keep, args.logs))
+        tallies = tabulate(rounds)
+        if args.json:
+            args.json.write_text(json.dumps({"ref": args.ref, "suites": suites, "rounds": len(rounds), "tests": {
+                k: {"passed": t.passed, "failed": t.failed, "failures": t.first_lines} for k, t in tallies.items()}},
+                indent=1) + "\n")
     print_table(tallies, len(rounds))
-    if args.json:
-        args.json.write_text(json.dumps({"ref": args.ref, "suites": suites, "rounds": len(rounds), "tests": {
-            k: {"passed": t.passed, "failed": t.failed, "failures": t.first_lines} for k, t in tallies.items()}},
-            indent=1) + "\n")
     return 1 if any(t.failed for t in tallies.values()) else 0
 
 
