@@ -226,6 +226,7 @@ class SwarmDHT:
                                    "connects to its relays, the same peers, as it starts, and it does not count a "
                                    "bootstrap peer it is connected to already; starting it again", attempt,
                                    RELAYED_START_TRIES)
+                    kwargs["check_if_identity_free"] = False  # the peers may still see our last try with it
         finally:
             key = _read_key(kwargs["identity_path"])
             if scratch is not None:
