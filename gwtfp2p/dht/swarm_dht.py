@@ -134,12 +134,20 @@ async def _start_dht(peers: Sequence[str], kwargs: dict[str, Any], validator: Se
         await asyncio.wait_for(asyncio.to_thread(dht.wait_until_ready, startup_timeout_s + 1.0),
                                startup_timeout_s + 2.0)
     except (asyncio.TimeoutError, concurrent.futures.TimeoutError) as e:
-        await asyncio.to_thread(dht.shutdown)
+        await _stop_unready(dht)
         raise DHTTimeout(f"the DHT did not start within {startup_timeout_s:.0f} s") from e
     except BaseException:
-        await asyncio.to_thread(dht.shutdown)
+        await _stop_unready(dht)
         raise
     return dht
+
+
+async def _stop_unready(dht: DHT) -> None:
+    """Stop a DHT process that did not come up, killing it if it does not stop: it has not armed its
+    parent-death signal yet, so it (and its p2pd) would outlive this node (seen: 85 s and more)."""
+    await asyncio.to_thread(dht.shutdown)
+    if dht.is_alive():
+        dht.kill()
 
 
 async def _start_error(e: BaseException, initial_peers: Sequence[str]) -> DHTError:

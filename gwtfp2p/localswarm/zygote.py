@@ -54,6 +54,9 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         conn.close()
         os.setsid()
         _die_with_parent()
+        from gwtfp2p.dht.forking import own_hivemind_locks  # preloaded (``PRELOAD``): no import time here
+
+        own_hivemind_locks()  # not the zygote's: a sibling killed holding one would wedge us (``dht/forking.py``)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd, target in zip(fds, (1, 2, 0), strict=False):  # stdout, stderr and, where sent, stdin
             os.dup2(fd, target)

@@ -60,3 +60,19 @@ def test_a_module_gets_its_stdin_and_exits_with_its_own_status(tmp_path: Path) -
         assert bad.wait(timeout=60) != 0 and "Expecting value" in (tmp_path / "bad.stderr").read_text()
     finally:
         zygote.close()
+
+
+def test_a_child_killed_holding_hiveminds_lock_does_not_wedge_the_next(tmp_path: Path) -> None:
+    """hivemind's process-wide locks are created when the zygote imports it; a daemon SIGKILLed holding
+    ``MPFuture``'s update lock left every daemon forked after it unable to report its DHT ready (60 s, then
+    "the DHT did not start"): each child now takes fresh locks (``dht/forking.py``)."""
+    zygote = ZygoteClient()
+    try:
+        with open(tmp_path / "hold.stderr", "wb") as stderr:
+            holder = zygote.spawn(["hold"], stderr, os.getcwd(), {**os.environ}, module="tests.integration.lockholder")
+        assert holder.wait(timeout=60) == -signal.SIGKILL, (tmp_path / "hold.stderr").read_text()
+        with open(tmp_path / "take.stderr", "wb") as stderr:
+            taker = zygote.spawn(["take"], stderr, os.getcwd(), {**os.environ}, module="tests.integration.lockholder")
+        assert taker.wait(timeout=60) == 0, (tmp_path / "take.stderr").read_text()  # 3: the lock stayed taken
+    finally:
+        zygote.close()
