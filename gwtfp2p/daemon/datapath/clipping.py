@@ -110,22 +110,17 @@ class GlobalClip:
         """Send our part's norm of ``t`` to every data holder until one of them tells us the total."""
         report = PartNorm(iteration=t, stage=self.stage, sq_norm=_wire(own_sq))
         while t not in self._totals:
-            if self._forgotten(t):
+            holders = [r for r in self.view.by_stage(0) if r.state != "leaving"]
+            if holders and all(r.iteration > t + KEEP_ITERATIONS for r in holders):  # none keeps its total now
                 logger.warning("iteration %d: every data holder is past iteration %d and has forgotten its total; "
                                "clipping by our part's own norm (the others stepped without us)", t,
                                t + KEEP_ITERATIONS)
                 return own_sq
-            holders = [r.peer_id for r in self.view.by_stage(0) if r.state != "leaving"]
-            await asyncio.gather(*(self._send(p, report) for p in holders))
+            await asyncio.gather(*(self._send(r.peer_id, report) for r in holders))
             if t not in self._totals:
                 await self._wait()
         total = self._totals[t]
         return own_sq if total < own_sq else total  # a data holder's total cannot be below our part's own
-
-    def _forgotten(self, t: int) -> bool:
-        """Whether no data holder keeps the total of ``t`` any more (every live one's record is far past it)."""
-        holders = [r for r in self.view.by_stage(0) if r.state != "leaving"]
-        return bool(holders) and all(r.iteration > t + KEEP_ITERATIONS for r in holders)
 
     def on_step_norm(self, sender: str, message: StepNorm) -> None:
         """The total of a data holder (to a relay, or to another data holder, which adopts it)."""
