@@ -6,12 +6,15 @@ reports one, the training figures (iteration, loss, tokens/s, flow units, comput
 the start-up as a progress bar over its phases (the one under way named, e.g. the model build or the
 state download, with its time so far), the flow neighbours (RTT, edge cost, units) and the last events.
 ``LiveScreen`` is the event sink that shows it (rich ``Live``, 4 refreshes a second); ``gwtf join --json``
-and output that is not a terminal keep their lines.
+and output that is not a terminal keep their lines. A process forked while the screen runs (the node's DHT)
+leaves it at once: rich's refresh thread may hold the screen's locks at the fork, and a fork has no such
+thread to release them, so the child logs to the real stderr and never enters rich.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -258,6 +261,19 @@ def render(s: Screen, now: float) -> RenderableType:
     return Group(*parts)
 
 
+_RUNNING: set[LiveScreen] = set()  # the screens started in this process (a forked child leaves them)
+
+
+def _leave_screens_in_child() -> None:
+    """After a fork: this process (the DHT's) does not draw; its logs go straight to the terminal."""
+    for screen in list(_RUNNING):
+        screen.detach()
+    _RUNNING.clear()
+
+
+os.register_at_fork(after_in_child=_leave_screens_in_child)
+
+
 class LiveScreen:
     """The event sink that draws ``Screen`` on the terminal while the node runs (``with`` starts and stops it).
     Log lines written while it runs appear above it."""
@@ -268,6 +284,7 @@ class LiveScreen:
         self._lock = threading.Lock()  # events come from the node's loop; the refresh runs in rich's thread
         self._live = Live(console=console, get_renderable=self._draw, refresh_per_second=4)
         self._streams: list[tuple[logging.StreamHandler, Any]] = []
+        self._std: tuple[Any, Any] = (sys.stdout, sys.stderr)
 
     def __call__(self, event: Event) -> None:
         with self._lock:
@@ -278,13 +295,24 @@ class LiveScreen:
             return render(self.screen, self._clock())
 
     def __enter__(self) -> LiveScreen:
-        self._live.start()
+        self._std = (sys.stdout, sys.stderr)
+        self._live.start()  # rich's proxies take sys.stdout and sys.stderr: lines print above the screen
         for handler in logging.getLogger().handlers:  # logging to the real stderr would tear the screen
             if isinstance(handler, logging.StreamHandler) and handler.stream is sys.__stderr__:
                 self._streams.append((handler, handler.setStream(sys.stderr)))
+        _RUNNING.add(self)
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        _RUNNING.discard(self)
         for handler, stream in self._streams:
             handler.setStream(stream)
         self._live.stop()
+
+    def detach(self) -> None:
+        """In a forked child: stop using rich without a lock (the parent's refresh thread may have held its
+        locks at the fork, and nothing in the child releases them): the streams back as they were, unflushed."""
+        for handler, stream in self._streams:
+            handler.stream = stream  # not ``setStream``: it would flush rich's proxy
+        sys.stdout, sys.stderr = self._std
+        self._streams = []

@@ -61,9 +61,10 @@ def labelled(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], f
 
 
 class Terminal:
-    """A process on a pseudo-terminal of 120 x 50 characters; ``text`` is all it drew, ANSI codes removed."""
+    """A process on a pseudo-terminal of 120 x 50 characters; ``text`` is all it drew, ANSI codes removed.
+    Everything it draws is also appended to ``transcript`` as it comes (kept with a failed test's folder)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], transcript: Path) -> None:
         master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))
         env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "50"}
@@ -71,6 +72,7 @@ class Terminal:
                                       start_new_session=True, close_fds=True)
         os.close(slave)
         self._master = master
+        self._transcript = transcript.open("ab")
         self._raw: list[bytes] = []
         self._changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -82,8 +84,10 @@ class Terminal:
             except OSError:  # EIO: the other side is closed
                 chunk = b""
             with self._changed:
-                if chunk:
+                if chunk and not self._transcript.closed:
                     self._raw.append(chunk)
+                    self._transcript.write(chunk)
+                    self._transcript.flush()
                 self._changed.notify_all()
             if not chunk:
                 return
@@ -100,9 +104,13 @@ class Terminal:
                 match = re.search(pattern, ANSI.sub("", b"".join(self._raw).decode(errors="replace")))
                 if match:
                     return match
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.popen.poll() is not None:
-                    raise AssertionError(f"the screen never showed {pattern!r}; it showed:\n{self.text[-3000:]}")
+                remaining, code = deadline - time.monotonic(), self.popen.poll()
+                if code is not None:
+                    raise AssertionError(f"the screen's process exited with {code} before it showed {pattern!r}; "
+                                         f"it showed:\n{self.text[-3000:]}")
+                if remaining <= 0:
+                    raise AssertionError(f"the screen never showed {pattern!r} within {timeout_s:.0f} s; "
+                                         f"it showed:\n{self.text[-3000:]}")
                 self._changed.wait(min(remaining, 1.0))
 
     def close(self) -> None:
@@ -111,11 +119,13 @@ class Terminal:
                 os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait(timeout=10)
         os.close(self._master)
+        with self._changed:
+            self._transcript.close()
 
 
 @contextlib.contextmanager
-def terminal(args: list[str]) -> Iterator[Terminal]:
-    term = Terminal(args)
+def terminal(args: list[str], transcript: Path) -> Iterator[Terminal]:
+    term = Terminal(args, transcript)
     try:
         yield term
     finally:
@@ -163,7 +173,7 @@ def test_metrics_move_with_training_and_the_live_screen_follows_a_relay(tmp_path
         relay = swarm.spawn_relay("r1", "1", "--metrics-port", "0")
         args = [sys.executable, "-m", "gwtf_cli.join_cmd", *FAST, "--log-level", "WARNING", "--stage", "2",
                 "--initial-peers", dh.maddr, "--metrics-port", "0"]
-        with terminal(args) as screen:
+        with terminal(args, tmp_path / "screen.log") as screen:
             relay.wait_ready()
             port = int(screen.wait_for(r"metrics on port (\d+)", SCREEN_TIMEOUT_S).group(1))
             ports = {"dh0": (dh.ready["metrics_port"], "data", 0), "r1": (relay.ready["metrics_port"], "relay", 1),

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import signal
 import sys
+import threading
+import time
 
 import pytest
 from rich.console import Console
@@ -131,6 +135,54 @@ def test_the_live_sink_draws_on_a_terminal_and_puts_logs_above() -> None:
     finally:
         logging.getLogger().removeHandler(handler)
     assert "relay …789abc" in out.getvalue() and "10,455" in out.getvalue()
+
+
+class HeldTerminal(io.StringIO):
+    """A terminal whose first write from rich's refresh thread waits until the test lets it go (the thread holds
+    the screen's locks meanwhile); every other write goes through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def write(self, s: str) -> int:
+        if threading.current_thread() is not threading.main_thread() and not self.entered.is_set():
+            self.entered.set()
+            self.go.wait(30)
+        return super().write(s)
+
+
+def test_a_process_forked_while_the_screen_draws_logs_without_it() -> None:
+    """The node's DHT is forked while rich's refresh thread may hold the screen's locks; the child has no such
+    thread, and its first log line through rich waited for them forever ('the DHT did not start within 60 s')."""
+    terminal = HeldTerminal()
+    handler = logging.StreamHandler(sys.__stderr__)
+    logging.getLogger().addHandler(handler)
+    try:
+        with LiveScreen(Console(file=terminal, force_terminal=True, width=100)):
+            assert terminal.entered.wait(10)  # the refresh thread is inside the screen's locks
+            pid = os.fork()
+            if pid == 0:  # the child: one log line, then out (it hung here without the fix)
+                logging.getLogger("gwtf.test.child").warning("a line from the forked child")
+                os._exit(0)
+            terminal.go.set()
+            exited = wait_for_exit(pid, timeout_s=20)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert exited == 0, "the forked child hung on the screen's lock"
+
+
+def wait_for_exit(pid: int, timeout_s: float) -> int | None:
+    """The child's exit status, or None (and it is killed) if it is still running after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
 
 
 @pytest.mark.parametrize("as_json", [True, False])
