@@ -14,6 +14,8 @@ the routed units (complete chains), the edge-unit assignment and the messages se
 - messages per tick over the last 1,000 ticks, by message kind in ``--json``;
 - surplus: in-units at relays that are not on a complete chain (mean over the last 1,000 ticks);
 - each data holder's routed units against the oracle's max-min fair share (max |difference|);
+- for runs below the maximum, whether the end state is a blocking flow (no path from a holder to
+  its own sink through relays that all have spare capacity);
 
 and a lossy variant (loss 0.1, delay 1, jitter 2, invariants checked at every tick): flow over
 oracle at the end and its minimum over the last 1,000 ticks, and the invariant violations.
@@ -62,6 +64,25 @@ def surplus(bus: MessageBus, paths) -> int:
     """In-units held at relays that are not part of a complete chain."""
     held = sum(len(node.core.ins) for node in bus.nodes.values() if node.stage > 0)
     return held - len(paths) * bus.n_stages
+
+
+def forward_path_exists(instance, paths) -> bool:
+    """Whether some holder could gain a unit along relays that all have spare capacity (if not,
+    the routing is a blocking flow: every augmenting path needs a backward edge)."""
+    load = Counter(n for p in paths for n in p[1:-1])
+    spare = {n.node_id for n in instance.nodes if n.stage > 0 and n.capacity > load[n.node_id]}
+    adj: dict[str, set[str]] = {}
+    for a, b in instance.edge_costs:
+        adj.setdefault(a, set()).add(b)
+        adj.setdefault(b, set()).add(a)
+    stage = {n.node_id: n.stage for n in instance.nodes}
+    for holder in (n.node_id for n in instance.nodes if n.stage == 0):
+        frontier = {holder}
+        for s in range(1, instance.n_stages + 1):
+            frontier = {y for x in frontier for y in adj.get(x, ()) if stage[y] == s and y in spare}
+        if any(holder in adj.get(x, ()) for x in frontier):
+            return True
+    return False
 
 
 class Trace:
@@ -131,6 +152,7 @@ def fresh(seed: int, ticks: int) -> dict:
     return {
         "seed": seed, "stages": instance.n_stages, "nodes": len(instance.nodes), "oracle_flow": best.flow_value,
         "flow": q.flow_value, "flow_equal": q.flow_value == best.flow_value,
+        "blocking": q.flow_value < best.flow_value and not forward_path_exists(instance, bus.routing()),
         "stayed_from": stayed_from(trace.flow, best.flow_value),
         "cost_ratio": q.total_cost / best.total_cost if best.total_cost else 1.0,
         "declared": trace.declared,
@@ -174,8 +196,8 @@ def report_fresh(rows: list[dict], ticks: int) -> None:
     print(f"| seeds | flow = max at tick {ticks} | = max from tick ≤ 1000 on | cost ratio median / p90 "
           "| declared converged | of which no path change after | assignment changes after (median / max) "
           "| messages/tick last 1000 (median / max) | surplus units at relays (median / max) "
-          "| fair gap ≤ 1 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| fair gap ≤ 1 | below max at a blocking flow |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     assign = [r["assign_changes_after"] for r in rows]
     msgs = [r["messages_per_tick_tail"] for r in rows]
     surplus_ = [r["surplus_tail"] for r in rows]
@@ -183,7 +205,8 @@ def report_fresh(rows: list[dict], ticks: int) -> None:
           f"| {statistics.median(cost):.3f} / {pct(cost, 0.9):.3f} | {len(declared)}/{n} | {quiet}/{len(declared)} "
           f"| {statistics.median(assign):.0f} / {max(assign)} | {statistics.median(msgs):.1f} / {max(msgs):.1f} "
           f"| {statistics.median(surplus_):.1f} / {max(surplus_):.1f} "
-          f"| {sum(r['fair_gap'] <= 1 for r in rows)}/{n} |")
+          f"| {sum(r['fair_gap'] <= 1 for r in rows)}/{n} "
+          f"| {sum(r.get('blocking', False) for r in rows)}/{n - sum(r['flow_equal'] for r in rows)} |")
 
 
 def report_seeds(rows: list[dict]) -> None:
