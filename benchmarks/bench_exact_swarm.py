@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -150,7 +151,8 @@ def churn(runs: int, iterations: int, rate: float) -> dict[str, Any]:
     for seed in range(runs):
         started = time.monotonic()
         try:
-            summary = demo_losses("--iterations", str(iterations), "--churn", str(rate), "--chaos-seed", str(seed))
+            summary = demo_losses("--iterations", str(iterations), "--churn", str(rate), "--chaos-seed", str(seed),
+                                  keep_logs=True)
         except RuntimeError as e:  # a demo that did not finish is a result too: counted, not skipped
             results.append({"seed": seed, "failed": str(e)[-600:], "wall_s": round(time.monotonic() - started)})
             print(f"churn seed {seed}: FAILED after {results[-1]['wall_s']} s: {str(e)[-300:]}", flush=True)
@@ -170,11 +172,16 @@ def churn(runs: int, iterations: int, rate: float) -> dict[str, Any]:
                         "dloss_last": deltas[-1] if deltas else None, "violations": c["violations"],
                         "wall_s": round(time.monotonic() - started)})
         r = results[-1]
+        if r["equal_all"]:
+            shutil.rmtree(summary["logs"], ignore_errors=True)
+        else:  # a run that differs keeps its daemons' logs (INFO), to read why
+            r["logs"] = summary["logs"]
         print(f"churn seed {seed}: {r['crashes']} crashes {r['by_mode']}, {r['redone_microbatches']} microbatches "
               f"redone in {r['redone_steps']} steps ({r['rebuilt_microbatches']} with a half rebuilt), "
               f"contributions lost {r['contributions_lost']} "
               f"in iterations {lossy}; = crash-free until then: {r['equal_until_first_lossy']}, all: {r['equal_all']}; "
-              f"max |dloss| after {r['max_dloss_after']:.1e}, last {r['dloss_last']:.1e}; {r['wall_s']} s", flush=True)
+              f"max |dloss| after {r['max_dloss_after']:.1e}, last {r['dloss_last']:.1e}; {r['wall_s']} s"
+              + (f"; logs kept in {r['logs']}" if "logs" in r else ""), flush=True)
     finished = [r for r in results if "failed" not in r]
     print(f"churn: {sum(r['equal_all'] for r in finished)} of {len(finished)} finished runs bitwise equal to the "
           f"crash-free demo; {len(results) - len(finished)} of {len(results)} did not finish")

@@ -95,17 +95,21 @@ def run_swarm(spec: RunSpec, iterations: int, work: Path, *, data_holders: int =
 KEPT_LOGS = re.compile(r"^gwtf demo: logs kept in (\S+)$", re.MULTILINE)
 
 
-def demo_losses(*args: str, timeout_s: float = 600.0) -> dict[str, Any]:
+def demo_losses(*args: str, timeout_s: float = 600.0, keep_logs: bool = False) -> dict[str, Any]:
     """``gwtf demo --json ARGS``: its summary (one loss per iteration, ``churn`` with --churn). The daemons log
-    at INFO (``--keep-logs``): a failed run's error names their directory, a passing run's is removed."""
+    at INFO (``--keep-logs``): a failed run's error names their directory, a passing run's is removed (with
+    ``keep_logs``: kept, and named in the summary's ``logs``; the caller removes it)."""
     result = subprocess.run([sys.executable, "-m", "gwtf_cli.main", "demo", "--json", "--keep-logs", *args],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
     kept = KEPT_LOGS.search(result.stderr)
     if result.returncode != 0:
         raise RuntimeError(f"gwtf demo {' '.join(args)} exited {result.returncode}: {result.stderr[-2000:]}")
-    if kept is not None:
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    if kept is not None and keep_logs:
+        summary["logs"] = kept.group(1)
+    elif kept is not None:
         shutil.rmtree(kept.group(1), ignore_errors=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return summary
 
 
 def plain_run(spec: RunSpec, iterations: int, shards: int, gradient: str = "exact") -> Training:
