@@ -172,10 +172,11 @@ def churn(runs: int, iterations: int, rate: float) -> dict[str, Any]:
                         "dloss_last": deltas[-1] if deltas else None, "violations": c["violations"],
                         "wall_s": round(time.monotonic() - started)})
         r = results[-1]
-        if r["equal_all"]:
-            shutil.rmtree(summary["logs"], ignore_errors=True)
-        else:  # a run that differs keeps its daemons' logs (INFO), to read why
-            r["logs"] = summary["logs"]
+        logs = summary.get("logs")
+        if logs and r["equal_all"]:
+            shutil.rmtree(logs, ignore_errors=True)
+        elif logs:  # a run that differs keeps its daemons' logs (INFO), to read why
+            r["logs"] = logs
         print(f"churn seed {seed}: {r['crashes']} crashes {r['by_mode']}, {r['redone_microbatches']} microbatches "
               f"redone in {r['redone_steps']} steps ({r['rebuilt_microbatches']} with a half rebuilt), "
               f"contributions lost {r['contributions_lost']} "
