@@ -28,6 +28,9 @@ class Timings:
     """Seconds between DHT heartbeats; a record expires after two (``--heartbeat-s``)."""
     grace_s: float = 10.0
     """A leaving node finishes its current iteration within this (``--grace-s``)."""
+    shutdown_s: float = 30.0
+    """... and is gone within this much more (announced, closed, its DHT stopped); past it, it logs the tasks
+    still pending and exits with code 1 (``lifecycle/shutdown_watch.py``)."""
     startup_timeout_s: float = 60.0
     """Deadline of the DHT start and of finding the run's spec in it (``--startup-timeout-s``)."""
     timeout_factor: float = 4.0
@@ -102,7 +105,7 @@ class Timings:
     """... at most this far apart."""
 
     def __post_init__(self) -> None:
-        for name in ("tick_s", "heartbeat_s", "startup_timeout_s", "timeout_factor", "transfer_floor_s",
+        for name in ("tick_s", "heartbeat_s", "startup_timeout_s", "shutdown_s", "timeout_factor", "transfer_floor_s",
                      "probe_floor_s", "backward_floor_s", "backward_cap_s", "query_floor_s", "message_timeout_s",
                      "connect_timeout_s", "deadline_check_s", "retry_nobody_s", "probe_after_s", "probe_every_s",
                      "unannounced_s", "aggregation_timeout_s", "refused_retry_s", "norm_resend_s", "closed_poll_s",

@@ -18,6 +18,7 @@ from gwtfp2p.daemon.aggregation.members import MemberTable
 from gwtfp2p.daemon.datapath.gate import IterationGate
 from gwtfp2p.daemon.events import Events
 from gwtfp2p.daemon.progress import NodeProgress
+from gwtfp2p.daemon.testing import testpoints
 
 logger = logging.getLogger(__name__)
 POLL_S = 0.1
@@ -61,6 +62,7 @@ async def leave(leave: Leave, active: int | None, work: asyncio.Task, abort: asy
         await leave.publish()
     except Exception as e:  # the DHT may be gone already; leaving goes on
         logger.debug("leaving record not published: %s", e)
+    await testpoints.delay("leave", leave.events)  # tests only ($GWTF_DELAY_AT)
     if leave.gate.iteration <= last:
         try:
             await asyncio.wait_for(_until_past(leave.gate, last), leave.grace_s)

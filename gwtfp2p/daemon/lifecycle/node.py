@@ -35,6 +35,7 @@ from gwtfp2p.daemon.lifecycle.parts import build_part, estimate_compute_s, load_
 from gwtfp2p.daemon.lifecycle.preflight import PROTOCOL_VERSIONS
 from gwtfp2p.daemon.lifecycle.run_spec import resolve_run_spec
 from gwtfp2p.daemon.lifecycle.self_report import Identity, joining_record
+from gwtfp2p.daemon.lifecycle.shutdown_watch import ShutdownWatch
 from gwtfp2p.daemon.lifecycle.traffic import CountedHandlers
 from gwtfp2p.daemon.progress import NodeProgress
 from gwtfp2p.daemon.swarm.admitted import AdmittedPeers
@@ -250,6 +251,8 @@ async def run_node(config: NodeConfig, events: Events, stop: asyncio.Event) -> N
     """Start a node, serve until ``stop``, leave and shut down (also on errors)."""
     asyncio.get_running_loop().set_exception_handler(_quiet_shutdown_noise)
     node: Node | None = None
+    watch = ShutdownWatch(config.timings.grace_s + config.timings.shutdown_s)
+    watching = asyncio.create_task(watch.arm_on(stop), name="shutdown watch")
     try:
         async with contextlib.AsyncExitStack() as stack:
             node = await start(config, events, stack)
@@ -257,5 +260,7 @@ async def run_node(config: NodeConfig, events: Events, stop: asyncio.Event) -> N
             events.emit("ready", **node.ready_fields())
             await node.serve(stop)
     finally:
+        watching.cancel()
+        watch.disarm()
         if node is not None:  # it started: say when everything is shut down
             events.emit("stopped", iteration=node.parts.gate.iteration)

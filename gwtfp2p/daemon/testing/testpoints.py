@@ -3,7 +3,8 @@
 Off by default; no CLI flag arms either. ``$GWTF_DELAY_AT=POINT:SECONDS`` delays the first hit of
 ``POINT`` (after a ``delay`` event): ``serve_state`` (a replica about to serve its state to a
 joining node; tests kill the joiner meanwhile); ``lag_join:N`` holds a joiner's first handshake
-until its stage is N steps past the state it loaded (tests of the step replay).
+until its stage is N steps past the state it loaded (tests of the step replay); ``leave`` holds a
+leaving node after its announcement (a stop that overruns: ``lifecycle/shutdown_watch.py``).
 ``$GWTF_CRASH_FILE=PATH``: on SIGUSR1 the daemon reads ``POINT:STAGE:ITERATION`` from PATH and
 arms that crash point (``crashpoints.ARMED``); the chaos harness (``gwtf demo --churn``) picks
 its victims and their moments this way.
@@ -24,7 +25,7 @@ from gwtfp2p.daemon.testing import crashpoints
 logger = logging.getLogger(__name__)
 DELAY_ENV = "GWTF_DELAY_AT"
 CRASH_FILE_ENV = "GWTF_CRASH_FILE"
-DELAY_POINTS = ("serve_state", "lag_join")
+DELAY_POINTS = ("serve_state", "lag_join", "leave")
 
 
 def parse_delay(text: str) -> tuple[str, float] | None:
