@@ -181,7 +181,8 @@ def demo(
     codec: str = typer.Option("none", "--codec", help="wire codec of activations, gradients and aggregation "
                               f"contributions: {', '.join(WIRE_CODECS)} (docs/transport.md)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object at the end instead of progress"),
-    keep_logs: bool = typer.Option(False, help="keep the daemons' logs, at INFO level (their directory is printed)"),
+    keep_logs: bool = typer.Option(False, help="keep the daemons' logs, at INFO level, and their events "
+                                               "(NAME.events.jsonl); the directory is printed"),
 ) -> None:
     """Run a local swarm (one data holder, relays) and train a small model on the embedded corpus."""
     def say(line: str) -> None:
@@ -228,6 +229,7 @@ def demo(
         if not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
         else:
+            swarm.save_events()
             print(f"gwtf demo: logs kept in {log_dir}", file=sys.stderr)  # stderr: --json's stdout stays one object
     figures = chaos_summary(chaos, [dh], swarm.daemons, stages, DEMO_MICROBATCHES, len(events)) if chaos else None
     wire = {"codec": codec, "bytes_per_microbatch_hop": bytes_per_microbatch_hop(sent), "traffic": sent}

@@ -179,6 +179,10 @@ class Daemon:
         with self._changed:
             return [e for e in self.events if e.get("event") == name]
 
+    def of_all(self) -> list[Event]:
+        with self._changed:
+            return list(self.events)
+
     def wait_ready(self, timeout_s: float = 90.0) -> Daemon:
         self.ready = self.wait_event("ready", timeout_s)
         return self
@@ -258,6 +262,13 @@ class Swarm:
 
     def start_relay(self, name: str, stage: str, *args: str) -> Daemon:
         return self.spawn_relay(name, stage, *args).wait_ready(READY_TIMEOUT_S)
+
+    def save_events(self) -> None:
+        """Every daemon's events as JSON lines beside its log (``NAME.events.jsonl``): kept logs are read with
+        what each daemon reported (its peer id, stage, steps, recoveries), not only what it logged."""
+        for daemon in self.daemons:
+            with open(self.log_dir / f"{daemon.name}.events.jsonl", "a", encoding="utf-8") as out:
+                out.writelines(json.dumps(e) + "\n" for e in daemon.of_all())
 
     def close(self, grace_s: float = 10.0) -> None:
         for daemon in self.daemons:

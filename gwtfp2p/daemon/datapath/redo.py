@@ -148,7 +148,12 @@ class LostWork:
     async def complete(self, gathered: Gathered) -> Gathered:
         """``gathered`` with the work of the replicas its step leaves out redone (unchanged if there is none)."""
         wanted = self._wanted(gathered)
-        if self.executor is None or self.chain is None or wanted == 0 or (wanted is None and not gathered.lost):
+        if self.executor is None or self.chain is None:
+            return gathered
+        if wanted == 0 or (wanted is None and not gathered.lost):
+            if gathered.lost:
+                logger.info("stage %d iteration %d: %s left out of the step, no microbatch missing: nothing to "
+                            "redo", self.stage, gathered.iteration, sorted(gathered.lost))
             return gathered
         started, t = self.clock(), gathered.iteration
         try:
@@ -159,6 +164,8 @@ class LostWork:
             self.chain.forget(t)
         counted = self.counted_holders(t)
         keys = [k for k in halves.complete() if counted is None or halves.ids[k].data_holder in counted]
+        if wanted is None or len(keys) < wanted:
+            _log_short(self.stage, gathered, wanted, halves, keys, unanswered)
         if not keys:
             return gathered
         codec, executor = self.state.codec, self.executor
@@ -219,3 +226,13 @@ class LostWork:
 
     async def close(self) -> None:
         await self.background.close()
+
+
+def _log_short(stage: int, gathered: Gathered, wanted: int | None, halves: Halves, keys: list[str],
+               unanswered: list[str]) -> None:
+    """Why a step's left-out work is not all redone: what was wanted and which halves came (one INFO line)."""
+    logger.info("stage %d iteration %d: %d of %s left-out microbatches redone (left out: %s): %d inputs and %d "
+                "gradients came, %d with both, %d of them of a counted data holder; no answer from %s",
+                stage, gathered.iteration, len(keys), "?" if wanted is None else wanted,
+                sorted(gathered.lost) or "none known", len(halves.inputs), len(halves.grads), len(halves.complete()),
+                len(keys), unanswered or "none")

@@ -188,6 +188,7 @@ async def _join(base: Base, answers: AnswerBox, inbox: Inbox, reason: str, stack
     heartbeat = asyncio.create_task(base.view.run(joining_stop, lambda: joining_record(base.identity, progress)))
     try:
         base.events.emit("placed", peer_id=base.identity.peer_id, stage=stage, reason=reason)
+        logger.info("%s at stage %d (%s)", base.identity.peer_id, stage, reason)  # logs name whose they are
         _phase("stage", progress, base.events)
         part = await base.compute.run(build_part, spec, stage, c.device)
         progress.prior_compute_s = await base.compute.run(estimate_compute_s, part, spec)

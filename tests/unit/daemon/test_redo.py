@@ -6,10 +6,12 @@ executor, the real ``HopTable`` and ``PartState``, messages delivered at once th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 
 from gwtfp2p.daemon.aggregation.encoding import WireContribution
@@ -132,13 +134,15 @@ def holder_state() -> tuple[Outputs, HopTable]:
     return outputs, tails
 
 
-def test_a_survivor_redoes_the_lost_replicas_microbatches_and_reduces_again() -> None:
+def test_a_survivor_redoes_the_lost_replicas_microbatches_and_reduces_again(caplog: pytest.LogCaptureFixture) -> None:
     net = Net()
     outputs, tails = holder_state()
     node(net, DH, stage=0, outputs=outputs, hops=tails)
     executor = FakeExecutor()
     survivor = node(net, SURVIVOR, stage=1, executor=executor)
-    result = asyncio.run(survivor.complete(gathered()))
+    with caplog.at_level(logging.INFO, logger="gwtfp2p.daemon.datapath.redo"):
+        result = asyncio.run(survivor.complete(gathered()))
+    assert "left-out microbatches redone" not in caplog.text  # all of them: no line saying what is short
     assert executor.calls == [[mb(0).key, mb(2).key]]
     assert result.count == 4 and result.dropped == () and result.members == (SURVIVOR,)
     assert survivor.state.part.reduced == [SURVIVOR, "redone"]  # the redone sum is reduced with ours
@@ -161,27 +165,32 @@ def test_a_survivor_that_asks_after_the_neighbour_moved_on_still_gets_the_gradie
     assert tails.sent_to_others({SURVIVOR}, T) == []
 
 
-def test_work_of_a_data_holder_the_iteration_did_not_keep_is_not_redone() -> None:
+def test_work_of_a_data_holder_the_iteration_did_not_keep_is_not_redone(caplog: pytest.LogCaptureFixture) -> None:
     """The data holders' aggregation left DH out (it died mid-iteration): no part counts its microbatches, so
-    a survivor redoes none of them, though both halves came."""
+    a survivor redoes none of them, though both halves came; its log says so."""
     net = Net()
     outputs, tails = holder_state()
     node(net, DH, stage=0, outputs=outputs, hops=tails)
     executor = FakeExecutor()
     survivor = node(net, SURVIVOR, stage=1, executor=executor, counted=("QmOtherHo1der222",))
     before = gathered()
-    assert asyncio.run(survivor.complete(before)) is before and executor.calls == []
+    with caplog.at_level(logging.INFO, logger="gwtfp2p.daemon.datapath.redo"):
+        assert asyncio.run(survivor.complete(before)) is before and executor.calls == []
+    assert (f"stage 1 iteration {T}: 0 of 2 left-out microbatches redone (left out: ['{LOST}']): 2 inputs and 3 "
+            "gradients came, 2 with both, 0 of them of a counted data holder; no answer from none") in caplog.text
 
 
-def test_nothing_to_redo_leaves_the_step_as_it_was() -> None:
+def test_nothing_to_redo_leaves_the_step_as_it_was(caplog: pytest.LogCaptureFixture) -> None:
     net = Net()
     node(net, DH, stage=0)  # holds nothing of the lost replica
     survivor = node(net, SURVIVOR, stage=1, executor=FakeExecutor())
     before = gathered()
-    assert asyncio.run(survivor.complete(before)) is before
+    with caplog.at_level(logging.INFO, logger="gwtfp2p.daemon.datapath.redo"):
+        assert asyncio.run(survivor.complete(before)) is before
+    assert "0 of 2 left-out microbatches redone" in caplog.text and "0 inputs and 0 gradients came" in caplog.text
 
 
-def test_a_step_with_every_microbatch_asks_nothing() -> None:
+def test_a_step_with_every_microbatch_asks_nothing(caplog: pytest.LogCaptureFixture) -> None:
     """The trigger every member sees alike: the agreed count against the data holders' (a left-out member
     alone, a joiner that did no work yet, is no reason to ask)."""
     net = Net()
@@ -190,7 +199,9 @@ def test_a_step_with_every_microbatch_asks_nothing() -> None:
     executor = FakeExecutor()
     survivor = node(net, SURVIVOR, stage=1, executor=executor, closed_with=2)
     before = gathered()
-    assert asyncio.run(survivor.complete(before)) is before and executor.calls == []
+    with caplog.at_level(logging.INFO, logger="gwtfp2p.daemon.datapath.redo"):
+        assert asyncio.run(survivor.complete(before)) is before and executor.calls == []
+    assert f"stage 1 iteration {T}: ['{LOST}'] left out of the step, no microbatch missing" in caplog.text
 
 
 def test_an_unanswered_request_ends_at_the_deadline() -> None:
