@@ -38,6 +38,7 @@ MAX_CONNECTIONS = 256  # served at once, over all peers
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_TIMEOUT_S = 120.0  # a server closes a connection idle this long (the client opens another)
 CONNECT_TIMEOUT_S = 3.0
+CLOSE_TIMEOUT_S = 5.0  # a server's close waits this long for its connections' tasks to end
 RETRY_AFTER_S = 60.0  # a peer that could not be reached directly is tried again after this long
 MAX_PER_PEER = 8  # a client's direct connections to one peer (more transfers at once go over libp2p)
 METHODS = ("forward", "backward")
@@ -81,7 +82,7 @@ class DirectServer:
         self.listener = socket.create_server((host, 0), backlog=128)
         self.listener.setblocking(False)
         self.port: int = self.listener.getsockname()[1]
-        self._connections: set[asyncio.Task] = set()
+        self._connections: dict[asyncio.Task, socket.socket] = {}  # serving task -> its connection
         self._accepting: asyncio.Task | None = None
         self.transfers = 0  # served over direct connections (tests, benchmarks)
 
@@ -102,8 +103,11 @@ class DirectServer:
                 conn.close()
                 continue
             task = asyncio.create_task(self._serve(conn))
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
+            self._connections[task] = conn
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self._connections.pop(task, None)
 
     async def _serve(self, conn: socket.socket) -> None:
         loop, source = asyncio.get_running_loop(), SocketSource(conn)
@@ -135,12 +139,23 @@ class DirectServer:
             conn.close()
 
     async def close(self) -> None:
+        """Stop serving within ``CLOSE_TIMEOUT_S``. Every open connection is shut before its task is cancelled:
+        a cancellation can be lost (``asyncio.wait_for`` returns its inner call's result when that completes as
+        the cancellation comes, and the task goes on to wait for the next frame, up to ``IDLE_TIMEOUT_S``); on a
+        shut socket that wait ends at once."""
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.p2p.remove_protobuf_handler(self.name), 5.0)
+        for conn in self._connections.values():
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         tasks = [t for t in (self._accepting, *self._connections) if t is not None]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+            if pending:
+                logger.warning("direct channel: %d connections still served %.0f s after close; left behind",
+                               len(pending), CLOSE_TIMEOUT_S)
         self.listener.close()
 
 
