@@ -57,6 +57,7 @@ class InUnit:
     out_id: str | None = None
     awaiting: str | None = None  # proposal id of a swap whose commit is on its way
     awaiting_until: int = -1
+    probed: int = -1  # tick at which a late refresh was asked for (``SoftState._expire``)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class OutUnit:
     down_cost: float = INF
     building: bool = False  # a re-route under construction: not carrying its unit yet
     shadow_of: str | None = None  # the in-unit such a re-route is being built for (relays)
+    probed: int = -1  # tick at which a late refresh was asked for (``SoftState._expire``)
 
 
 @dataclass

@@ -23,6 +23,8 @@ class PendingRequest:
     sink: str
     unresolved: set[str] = field(default_factory=set)
     deadline: int = 0
+    sent: Request | None = None  # the request as sent (asked again once, for what is unanswered at the deadline)
+    retried: bool = False
 
 
 class Adverts:
@@ -75,12 +77,30 @@ class Growth:
         pending = c.pending
         if not isinstance(pending, PendingRequest) or c.now < pending.deadline:
             return
+        if self._ask_again(pending):
+            return
         for edge_id in sorted(pending.unresolved):
             out = c.outs.get(edge_id)
             if out is not None and not out.confirmed:
                 c.drop_out(edge_id, cancel=True)
         self._backoff(pending.to)
         c.pending = None
+
+    def _ask_again(self, pending: PendingRequest) -> bool:
+        """A request unanswered at its deadline is sent once more (its Request or the Accept may have been
+        lost; a duplicate is answered again) before its out-units are cancelled. True if it was."""
+        c = self.core
+        sent = pending.sent
+        if pending.retried or sent is None or pending.to not in c.neighbours:
+            return False
+        ids = [i for i, e in enumerate(sent.edge_ids) if e in pending.unresolved and e in c.outs
+               and not c.outs[e].confirmed]
+        if not ids:
+            return False
+        pending.retried, pending.deadline = True, c.now + c.params.proposal_timeout_ticks
+        c.send(pending.to, Request(c.node_id, sent.sink, tuple(sent.edge_ids[i] for i in ids),
+                                   tuple(sent.up_costs[i] for i in ids), sent.expected_cost))
+        return True
 
     def _expire_outstanding(self) -> None:
         c = self.core
@@ -146,9 +166,10 @@ class Growth:
                 c.match(in_id, edge_id)
             edge_ids.append(edge_id)
             up_costs.append((unit.up_cost if unit is not None else 0.0) + neighbour.cost)
-        c.send(neighbour.node_id, Request(c.node_id, sink, tuple(edge_ids), tuple(up_costs), expected_cost))
+        sent = Request(c.node_id, sink, tuple(edge_ids), tuple(up_costs), expected_cost)
+        c.send(neighbour.node_id, sent)
         c.pending = PendingRequest(neighbour.node_id, sink, set(edge_ids),
-                                   c.now + c.params.proposal_timeout_ticks)
+                                   c.now + c.params.proposal_timeout_ticks, sent)
         neighbour.spare = max(0, neighbour.spare - len(edge_ids))
         return edge_ids
 

@@ -8,7 +8,7 @@ answers with the new holder's address (its tombstone) instead of cancelling it.
 
 from __future__ import annotations
 
-from gwtfp2p.flow.core import NodeCore
+from gwtfp2p.flow.core import InUnit, NodeCore, OutUnit
 from gwtfp2p.flow.messages import Cancel, Moved, MovedEntry, PushBack, Refresh
 
 COST_EPS = 1e-9
@@ -29,19 +29,35 @@ class SoftState:
         self._expire()
 
     def _expire(self) -> None:
+        """Drop what its neighbour stopped refreshing. A unit late by one TTL is not dropped yet: our own
+        refresh of it goes out at once (a neighbour that no longer holds it answers PushBack or Cancel), and
+        it is dropped only after a second TTL with no refresh. Under message loss a working unit is not torn
+        down for a few lost refreshes; a neighbour that is gone is dropped by ``lose_neighbour``."""
         c = self.core
         ttl = c.params.soft_state_ttl_ticks
         for in_id in sorted(i for i, u in c.ins.items() if c.now - u.refreshed > ttl):
-            if in_id in c.ins:  # an earlier drop may have cascaded to it
+            unit = c.ins.get(in_id)  # an earlier drop may have cascaded to it
+            if unit is not None and self._due(unit, ttl):
                 c.drop_in(in_id, push_back=False)
+            elif unit is not None and unit.probed < unit.refreshed:
+                unit.probed = c.now
+                c.mark_backward(in_id)
         for out_id in sorted(o for o, u in c.outs.items() if u.confirmed and c.now - u.refreshed > ttl):
-            if out_id in c.outs:
+            out = c.outs.get(out_id)
+            if out is not None and self._due(out, ttl):
                 c.drop_out(out_id, cancel=True)
+            elif out is not None and out.probed < out.refreshed:
+                out.probed = c.now
+                c.mark_forward(out_id)
         for unit in c.ins.values():
             if unit.awaiting is not None and c.now >= unit.awaiting_until:
                 unit.awaiting, unit.unmatched_since = None, c.now
         for edge_id in [e for e, t in c.tombstones.items() if t.expires <= c.now]:
             del c.tombstones[edge_id]
+
+    def _due(self, unit: InUnit | OutUnit, ttl: int) -> bool:
+        """Asked for a refresh (after the one it last had) and a TTL went by since without one."""
+        return unit.probed >= unit.refreshed and self.core.now - unit.probed > ttl
 
     def on_refresh(self, msg: Refresh) -> None:
         c = self.core
