@@ -65,7 +65,8 @@ def test_a_working_unit_outlives_one_ttl_of_lost_refreshes() -> None:
 def test_a_unit_never_refreshed_again_is_dropped_after_a_second_ttl() -> None:
     ttl = FlowParams().soft_state_ttl_ticks
     start: list[int] = []
-    bus, _paths = converged(lambda s, e, now: bool(start) and backward_refreshes("r2", "r1", start[0], 10**9)(s, e, now))
+    bus, _paths = converged(lambda s, e, now: bool(start)
+                            and backward_refreshes("r2", "r1", start[0], 10**9)(s, e, now))
     start.append(bus.now)
     for _ in range(ttl + 2):
         bus.step()
