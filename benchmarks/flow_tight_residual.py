@@ -1,0 +1,157 @@
+"""How far is the flow protocol's stop on ``tight`` from the maximum, in units that must move?
+
+For each seed, runs the MessageBus until it reports convergence (or ``--ticks``), takes its
+routing, and solves two integer programs over the oracle's multi-commodity model (milp.py) with
+one more variable per (holder, edge): r_e >= x0_e - x_e, the edge units of the protocol's
+routing that a new routing removes. It reports the fewest edge units that must be removed
+(each one a backward edge of an augmenting path, or a unit moved to another relay) to route
+
+- one more unit than the protocol does, and
+- the oracle's maximum,
+
+and how many of the protocol's complete chains the second routing keeps whole. This is the
+measure that decides what an augmenting step of the protocol must be able to do (issue 15,
+change 1 of docs/flow-tight.md). Measures, asserts nothing. One process.
+
+    python benchmarks/flow_tight_residual.py --seeds 50 --json out/residual.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from itertools import pairwise
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from gwtfp2p.flow import milp as oracle_milp
+from gwtfp2p.flow.bus import MessageBus
+from gwtfp2p.flow.generate import generate
+from gwtfp2p.flow.oracle import max_flow_value
+
+
+def current_edges(paths) -> Counter:
+    """(holder, a, b) -> units of the protocol's routing on that edge."""
+    units: Counter = Counter()
+    for path in paths:
+        for a, b in pairwise(path):
+            units[(path[0], a, b)] += 1
+    return units
+
+
+def fewest_removed(instance, paths, target: int) -> tuple[int, np.ndarray, list]:
+    """Fewest edge units of ``paths`` a routing of ``target`` units must remove (and that routing)."""
+    model = oracle_milp.build(instance)
+    x0 = current_edges(paths)
+    n, m = model.size, len(model.edges)
+    a_rows = np.hstack([np.array(model.rows), np.zeros((len(model.rows), m))])
+    lo, hi = list(model.lo), list(model.hi)
+    flow = np.concatenate([model.flow_row(), np.zeros(m)])
+    extra_rows, extra_lo, extra_hi = [flow], [float(target)], [np.inf]
+    for k, (h, a, b, _) in enumerate(model.edges):  # r_k + x_k >= x0_k
+        row = np.zeros(n + m)
+        row[k], row[n + k] = 1.0, 1.0
+        extra_rows.append(row)
+        extra_lo.append(float(x0.get((h, a, b), 0)))
+        extra_hi.append(np.inf)
+    objective = np.concatenate([np.zeros(n), np.ones(m)])
+    integrality = np.concatenate([np.zeros(n), np.zeros(m)])
+    integrality[:m] = 1
+    upper = np.full(n + m, np.inf)
+    upper[m:model.n_flow] = 1.0
+    constraints = LinearConstraint(np.vstack([a_rows, *extra_rows]), lo + extra_lo, hi + extra_hi)
+    result = milp(objective, constraints=[constraints], integrality=integrality, bounds=Bounds(0, upper))
+    if not result.success:
+        raise RuntimeError(result.message)
+    return round(result.fun), np.round(result.x[:m]).astype(int), model.edges
+
+
+def kept_chains(paths, x: np.ndarray, edges) -> int:
+    """How many of the protocol's chains the new routing can keep whole (greedy over its edge units)."""
+    left = Counter({(h, a, b): int(v) for (h, a, b, _), v in zip(edges, x, strict=True) if v > 0})
+    kept = 0
+    for path in paths:
+        need = Counter((path[0], a, b) for a, b in pairwise(path))
+        if all(left[e] >= c for e, c in need.items()):
+            left -= need
+            kept += 1
+    return kept
+
+
+def decompose(x: np.ndarray, edges) -> list[tuple[str, ...]]:
+    """Complete chains of an edge-flow routing (a layered graph: follow units from each holder)."""
+    left = Counter({(h, a, b): int(v) for (h, a, b, _), v in zip(edges, x, strict=True) if v > 0})
+    nexts: dict[tuple[str, str], list[str]] = {}
+    for h, a, b in sorted(left):
+        nexts.setdefault((h, a), []).append(b)
+    paths = []
+    for holder in sorted({h for h, _, _ in left}):
+        while True:
+            path, node = [holder], holder
+            while True:
+                hop = next((b for b in nexts.get((holder, node), ()) if left[(holder, node, b)] > 0), None)
+                if hop is None:
+                    break
+                left[(holder, node, hop)] -= 1
+                path.append(hop)
+                node = hop
+                if node == holder:
+                    break
+            if len(path) == 1:
+                break
+            paths.append(tuple(path))
+    return paths
+
+
+def one_at_a_time(instance, paths, best: int) -> list[int]:
+    """From the protocol's routing, add one unit at a time by the fewest removals: removals per step."""
+    steps = []
+    while len(paths) < best:
+        removed, x, edges = fewest_removed(instance, paths, len(paths) + 1)
+        steps.append(removed)
+        paths = decompose(x, edges)
+    return steps
+
+
+def one_seed(seed: int, ticks: int) -> dict:
+    instance = generate("tight", seed)
+    best = max_flow_value(instance)
+    bus = MessageBus(instance, seed=seed)
+    bus.run(max_ticks=ticks)
+    paths = bus.routing()
+    row = {"seed": seed, "holders": len(instance.data_holders), "stages": instance.n_stages,
+           "flow": len(paths), "max": best}
+    if len(paths) < best:
+        row["removed_for_one_more"], _, _ = fewest_removed(instance, paths, len(paths) + 1)
+        row["removed_for_max"], x, edges = fewest_removed(instance, paths, best)
+        row["chains_kept_at_max"] = kept_chains(paths, x, edges)
+        row["removed_per_step"] = one_at_a_time(instance, paths, best)
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=50)
+    parser.add_argument("--ticks", type=int, default=1000)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    rows = []
+    for seed in range(args.seeds):
+        rows.append(one_seed(seed, args.ticks))
+        print(json.dumps(rows[-1]), flush=True)
+    below = [r for r in rows if r["flow"] < r["max"]]
+    print(f"\n{len(below)} of {len(rows)} seeds below the maximum")
+    for key in ("removed_for_one_more", "removed_for_max"):
+        print(f"{key}: " + ", ".join(f"{k}: {v}" for k, v in sorted(Counter(r[key] for r in below).items())))
+    worst = Counter(max(r["removed_per_step"]) for r in below)
+    print("most removed in one step, one unit at a time: " + ", ".join(f"{k}: {v}" for k, v in sorted(worst.items())))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
