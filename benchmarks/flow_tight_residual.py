@@ -8,6 +8,7 @@ routing that a new routing removes. It reports the fewest edge units that must b
 
 - one more unit than the protocol does, and
 - the oracle's maximum,
+- one unit more when a holder may move only its own units (every other holder's routing kept),
 
 and how many of the protocol's complete chains the second routing keeps whole. This is the
 measure that decides what an augmenting step of the protocol must be able to do (issue 15,
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from contextlib import suppress
 from itertools import pairwise
 
 import numpy as np
@@ -32,6 +34,10 @@ from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.oracle import max_flow_value
 
 
+class Infeasible(Exception):
+    """No routing meets the constraints."""
+
+
 def current_edges(paths) -> Counter:
     """(holder, a, b) -> units of the protocol's routing on that edge."""
     units: Counter = Counter()
@@ -41,15 +47,20 @@ def current_edges(paths) -> Counter:
     return units
 
 
-def fewest_removed(instance, paths, target: int) -> tuple[int, np.ndarray, list]:
-    """Fewest edge units of ``paths`` a routing of ``target`` units must remove (and that routing)."""
+def fewest_removed(instance, paths, target: int, only: str | None = None) -> tuple[int, np.ndarray, list]:
+    """Fewest edge units of ``paths`` a routing of ``target`` units must remove (and that routing).
+
+    With ``only``, holder ``only`` must gain the unit and only its own edge units may be removed
+    (every other holder keeps its routing); raises ``Infeasible`` when that cannot be done.
+    """
     model = oracle_milp.build(instance)
     x0 = current_edges(paths)
     n, m = model.size, len(model.edges)
     a_rows = np.hstack([np.array(model.rows), np.zeros((len(model.rows), m))])
     lo, hi = list(model.lo), list(model.hi)
-    flow = np.concatenate([model.flow_row(), np.zeros(m)])
-    extra_rows, extra_lo, extra_hi = [flow], [float(target)], [np.inf]
+    flow = np.concatenate([model.flow_row(only), np.zeros(m)])
+    gain = target - len(paths) + sum(1 for p in paths if p[0] == only) if only else target
+    extra_rows, extra_lo, extra_hi = [flow], [float(gain)], [np.inf]
     for k, (h, a, b, _) in enumerate(model.edges):  # r_k + x_k >= x0_k
         row = np.zeros(n + m)
         row[k], row[n + k] = 1.0, 1.0
@@ -61,8 +72,14 @@ def fewest_removed(instance, paths, target: int) -> tuple[int, np.ndarray, list]
     integrality[:m] = 1
     upper = np.full(n + m, np.inf)
     upper[m:model.n_flow] = 1.0
+    if only:
+        for k, (h, _, _, _) in enumerate(model.edges):
+            if h != only:
+                upper[n + k] = 0.0
     constraints = LinearConstraint(np.vstack([a_rows, *extra_rows]), lo + extra_lo, hi + extra_hi)
     result = milp(objective, constraints=[constraints], integrality=integrality, bounds=Bounds(0, upper))
+    if result.status == 2:
+        raise Infeasible(only or "")
     if not result.success:
         raise RuntimeError(result.message)
     return round(result.fun), np.round(result.x[:m]).astype(int), model.edges
@@ -115,6 +132,15 @@ def one_at_a_time(instance, paths, best: int) -> list[int]:
     return steps
 
 
+def own_units_only(instance, paths) -> int | None:
+    """Fewest removals for one unit more when a holder may move only its own units (None: never)."""
+    found = []
+    for holder in instance.data_holders:
+        with suppress(Infeasible):
+            found.append(fewest_removed(instance, paths, len(paths) + 1, holder.node_id)[0])
+    return min(found, default=None)
+
+
 def one_seed(seed: int, ticks: int) -> dict:
     instance = generate("tight", seed)
     best = max_flow_value(instance)
@@ -125,6 +151,7 @@ def one_seed(seed: int, ticks: int) -> dict:
            "flow": len(paths), "max": best}
     if len(paths) < best:
         row["removed_for_one_more"], _, _ = fewest_removed(instance, paths, len(paths) + 1)
+        row["own_units_for_one_more"] = own_units_only(instance, paths)
         row["removed_for_max"], x, edges = fewest_removed(instance, paths, best)
         row["chains_kept_at_max"] = kept_chains(paths, x, edges)
         row["removed_per_step"] = one_at_a_time(instance, paths, best)
@@ -145,6 +172,8 @@ def main(argv=None) -> int:
     print(f"\n{len(below)} of {len(rows)} seeds below the maximum")
     for key in ("removed_for_one_more", "removed_for_max"):
         print(f"{key}: " + ", ".join(f"{k}: {v}" for k, v in sorted(Counter(r[key] for r in below).items())))
+    own = Counter(r["own_units_for_one_more"] for r in below)
+    print("own units only, for one unit more: " + ", ".join(f"{k}: {v}" for k, v in sorted(own.items(), key=str)))
     worst = Counter(max(r["removed_per_step"]) for r in below)
     print("most removed in one step, one unit at a time: " + ", ".join(f"{k}: {v}" for k, v in sorted(worst.items())))
     if args.json:
