@@ -247,6 +247,8 @@ def before_after(cells: dict, before: dict) -> list[str]:
 def before_after_plot(cells: dict, before: dict, path: Path) -> Path:
     rows = []
     for name, cell in cells.items():
+        if name == SCALE:  # timing runs: two simulated hours, no time to N to compare
+            continue
         now = {b: _per_seed(cell, b, lambda g, o: 100 * (1 - g.time_to_n_s / (o.time_to_n_s or o.sim_end_s)))
                for b in ("swarm", "swarm-barrier")}
         if name in before and now["swarm"]:
