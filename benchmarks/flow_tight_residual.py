@@ -9,6 +9,8 @@ routing that a new routing removes. It reports the fewest edge units that must b
 - one more unit than the protocol does, and
 - the oracle's maximum,
 - one unit more when a holder may move only its own units (every other holder's routing kept),
+- and, ``LABEL_TICKS`` later, whether the protocol's residual labels (residual.py) see such a unit
+  exactly when the integer program does,
 
 and how many of the protocol's complete chains the second routing keeps whole. This is the
 measure that decides what an augmenting step of the protocol must be able to do (issue 15,
@@ -32,6 +34,8 @@ from gwtfp2p.flow import milp as oracle_milp
 from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.oracle import max_flow_value
+
+LABEL_TICKS = 300  # ticks after the declared convergence before the residual labels are read
 
 
 class Infeasible(Exception):
@@ -155,7 +159,19 @@ def one_seed(seed: int, ticks: int) -> dict:
         row["removed_for_max"], x, edges = fewest_removed(instance, paths, best)
         row["chains_kept_at_max"] = kept_chains(paths, x, edges)
         row["removed_per_step"] = one_at_a_time(instance, paths, best)
+    row.update(labels_check(bus, instance, best))
     return row
+
+
+def labels_check(bus: MessageBus, instance, best: int) -> dict:
+    """The protocol's own view (residual.py): after ``LABEL_TICKS`` more ticks, does some holder with
+    demand see an augmenting path, and does the integer program agree on the routing of that moment?"""
+    for _ in range(LABEL_TICKS):
+        bus.step()
+    paths = bus.routing()
+    sees = any(node.residual.augmentable() for node in bus.nodes.values())
+    own = own_units_only(instance, paths) if len(paths) < best else None
+    return {"label_flow": len(paths), "labels_see_a_path": sees, "milp_sees_a_path": own is not None}
 
 
 def main(argv=None) -> int:
@@ -172,6 +188,9 @@ def main(argv=None) -> int:
     print(f"\n{len(below)} of {len(rows)} seeds below the maximum")
     for key in ("removed_for_one_more", "removed_for_max"):
         print(f"{key}: " + ", ".join(f"{k}: {v}" for k, v in sorted(Counter(r[key] for r in below).items())))
+    agree = sum(r["labels_see_a_path"] == r["milp_sees_a_path"] for r in rows)
+    print(f"residual labels agree with the integer program on {agree} of {len(rows)} seeds "
+          f"({sum(r['labels_see_a_path'] for r in rows)} see a path)")
     own = Counter(r["own_units_for_one_more"] for r in below)
     print("own units only, for one unit more: " + ", ".join(f"{k}: {v}" for k, v in sorted(own.items(), key=str)))
     worst = Counter(max(r["removed_per_step"]) for r in below)

@@ -41,6 +41,8 @@ class Neighbour:
     table: FlowTable | None = None
     table_tick: int = -1
     backoff_until: int = -1
+    res_in: dict[str, int] = field(default_factory=dict)  # its residual distances (residual.py)
+    res_out: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

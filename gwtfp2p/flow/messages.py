@@ -215,8 +215,18 @@ class ProposeExchange:
     expected_gain: float
 
 
+@dataclass(frozen=True)
+class Residual:
+    """The sender's residual distances in hops per sink (residual.py): ``ins`` for the previous
+    stage, from a unit arriving at the sender; ``outs`` for the next stage, from a unit leaving it."""
+
+    sender: str
+    ins: tuple[tuple[str, int], ...]
+    outs: tuple[tuple[str, int], ...]
+
+
 Message = (Advert | Request | Accept | Reject | Refresh | Cancel | PushBack | Moved | FlowTable
-           | ProposeTakeover | ProposeSwap | ProposeExchange | MoveAnswer | SwapCommit)
+           | ProposeTakeover | ProposeSwap | ProposeExchange | MoveAnswer | SwapCommit | Residual)
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,12 @@ from gwtfp2p.flow.messages import (
     Refresh,
     Reject,
     Request,
+    Residual,
     SwapCommit,
 )
 from gwtfp2p.flow.moves import MoveExecutor, PendingMove
 from gwtfp2p.flow.reroute import Rerouter
+from gwtfp2p.flow.residual import ResidualDistances
 from gwtfp2p.flow.softstate import SoftState
 
 
@@ -86,6 +88,7 @@ class FlowNode:
         self.annealer = Annealer(self.core, self.growth, self.moves)
         self.softstate = SoftState(self.core)
         self.rerouter = Rerouter(self.core, self.growth, self.moves)
+        self.residual = ResidualDistances(self.core)
         self._handlers = {
             Advert: self.adverts.on_advert, Request: self.growth.on_request, Accept: self.growth.on_accept,
             Reject: self.growth.on_reject, Refresh: self.softstate.on_refresh, Cancel: self.softstate.on_cancel,
@@ -93,6 +96,7 @@ class FlowNode:
             ProposeTakeover: self.moves.on_takeover, ProposeSwap: self.moves.on_swap,
             ProposeExchange: self.moves.on_exchange,
             MoveAnswer: self.moves.on_answer, SwapCommit: self.moves.on_commit,
+            Residual: self.residual.on_residual,
         }
 
     # -- identity ----------------------------------------------------------------------------
@@ -222,6 +226,7 @@ class FlowNode:
         """Periodic work: adverts, soft state, move timeouts, growth, improvement."""
         c = self._at(now)
         self.adverts.tick()
+        self.residual.tick()
         self.softstate.tick()
         self.moves.tick()
         self.rerouter.tick()

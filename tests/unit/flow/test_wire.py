@@ -28,6 +28,7 @@ SAMPLES = [
     m.ProposeExchange("a", "a/3", "i", "o", 1.0, 2.0, TABLE_UNIT, 0.2),
     m.MoveAnswer("a", "a/1", True, TRANSFER, None),
     m.SwapCommit("a", "a/2", TRANSFER, TRANSFER),
+    m.Residual("a", (("d", 3),), (("d", 2), ("e", 7))),
 ]
 
 

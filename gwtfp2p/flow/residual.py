@@ -1,0 +1,100 @@
+"""Residual distances: how many hops each node is from an augmenting path's end, per sink.
+
+The flow's growth follows adverts of paths with spare capacity only, so it stops at a blocking flow
+(docs/flow-tight.md). This module keeps, per sink (data holder) h, a distance vector over h's
+*residual graph*, where besides a forward edge to a next-stage neighbour a path may take a backward
+edge along one of h's own units (that unit is then re-routed). A node X holds two labels per sink:
+
+* ``outs[h]``, from a unit leaving X: ``1 + ins[h]`` of a next-stage neighbour (forward), or, when X
+  carries a unit of h from P, ``1 + outs[h]`` of P (that unit's segment through X is taken out, and
+  P re-routes it);
+* ``ins[h]``, from a unit arriving at X: ``outs[h]`` when X has spare capacity, or ``1 + outs[h]`` of
+  a P that sends X a unit of h (the newcomer takes that unit's slot and its tail; P re-routes it).
+
+The holder h is the end (``ins[h] = 0``); its ``outs[h]`` is the length of its shortest augmenting
+path, finite exactly when h could route one unit more by moving only its own units. Labels travel in
+``Residual`` messages to both neighbour stages; labels above the hop limit count as none, which ends
+counting to infinity on the residual graph's cycles. Nothing here moves a unit: it is what an
+augmenting step (issue 15) will follow, and a local test that a holder's flow is at its maximum.
+"""
+
+from __future__ import annotations
+
+from gwtfp2p.flow.core import NodeCore
+from gwtfp2p.flow.messages import Residual
+
+HOP_LIMIT_PER_STAGE = 4  # hop limit = this × (stages + 1): a path may visit each stage a few times
+
+
+def hop_limit(n_stages: int) -> int:
+    return HOP_LIMIT_PER_STAGE * (n_stages + 1)
+
+
+Labels = dict[str, int]
+
+
+def _better(labels: Labels, sink: str, hops: int, limit: int) -> None:
+    if hops <= limit and hops < labels.get(sink, limit + 1):
+        labels[sink] = hops
+
+
+def distances(core: NodeCore) -> tuple[Labels, Labels]:
+    """This node's (ins, outs) labels from its units and its neighbours' last labels (pure)."""
+    limit = hop_limit(core.n_stages)
+    outs: Labels = {}
+    for neighbour in core.next_neighbours():
+        for sink, hops in neighbour.res_in.items():
+            _better(outs, sink, hops + 1, limit)
+    if core.is_data_holder:
+        return {core.node_id: 0}, {s: h for s, h in outs.items() if s == core.node_id}
+    back: Labels = {}
+    for unit in core.ins.values():
+        prev = core.neighbours.get(unit.prev)
+        if prev is not None and unit.sink in prev.res_out:
+            _better(back, unit.sink, prev.res_out[unit.sink] + 1, limit)
+    for sink, hops in back.items():
+        _better(outs, sink, hops, limit)
+    ins: Labels = dict(outs) if core.spare() > 0 else {}
+    for sink, hops in back.items():
+        _better(ins, sink, hops, limit)
+    return ins, outs
+
+
+class ResidualDistances:
+    """Recomputes this node's labels and sends them to both neighbour stages when they change
+    (at most once per advert period, and again every four periods)."""
+
+    def __init__(self, core: NodeCore) -> None:
+        self.core = core
+        self.ins: Labels = {}
+        self.outs: Labels = {}
+        self.last_sent: tuple[Labels, Labels] | None = None
+        self.last_tick = -(10**9)
+
+    def tick(self) -> None:
+        c = self.core
+        period = c.params.advert_period_ticks
+        if c.now - self.last_tick < period:
+            return
+        self.ins, self.outs = distances(c)
+        if (self.ins, self.outs) == self.last_sent and c.now - self.last_tick < 4 * period:
+            return
+        message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())))
+        for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
+            c.send(neighbour.node_id, message)
+        self.last_sent, self.last_tick = (self.ins, self.outs), c.now
+
+    def on_residual(self, msg: Residual) -> None:
+        """Keep a neighbour's labels; out-of-range hop counts are refused (untrusted input)."""
+        neighbour = self.core.neighbours.get(msg.sender)
+        if neighbour is None:
+            return
+        limit = hop_limit(self.core.n_stages)
+        if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs)):
+            return
+        neighbour.res_in, neighbour.res_out = dict(msg.ins), dict(msg.outs)
+
+    def augmentable(self) -> bool:
+        """A data holder with demand that could route one unit more by moving only its own units."""
+        c = self.core
+        return c.is_data_holder and c.demand() > 0 and c.node_id in self.outs

@@ -1,0 +1,137 @@
+"""Residual distances (residual.py): the distributed labels equal shortest paths in each holder's residual
+graph, computed here independently (a 0-1 BFS over split nodes), and a blocked holder that could gain a unit
+by moving its own units sees it."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gwtfp2p.flow.bus import MessageBus
+from gwtfp2p.flow.generate import generate
+from gwtfp2p.flow.instance import FlowInstance, NodeSpec
+from gwtfp2p.flow.messages import Residual
+from gwtfp2p.flow.residual import hop_limit
+
+
+def residual_graph(bus: MessageBus, sink: str) -> dict[tuple[str, str], list[tuple[tuple[str, str], int]]]:
+    """Reversed edges (to -> [(from, weight)]) of ``sink``'s residual graph over split nodes."""
+    rev: dict[tuple[str, str], list[tuple[tuple[str, str], int]]] = {}
+
+    def edge(a: tuple[str, str], b: tuple[str, str], w: int) -> None:
+        rev.setdefault(b, []).append((a, w))
+
+    for node_id, node in bus.nodes.items():
+        core = node.core
+        if core.is_data_holder:
+            continue
+        if core.spare() > 0:
+            edge((node_id, "in"), (node_id, "out"), 0)
+        if any(u.sink == sink for u in core.ins.values()):
+            edge((node_id, "out"), (node_id, "in"), 0)
+        for unit in core.ins.values():
+            if unit.sink == sink and unit.prev in core.neighbours:
+                edge((node_id, "in"), (unit.prev, "out"), 1)
+        for other in core.next_neighbours():
+            if other.stage != 0:
+                edge((node_id, "out"), (other.node_id, "in"), 1)
+            elif other.node_id == sink:
+                edge((node_id, "out"), (sink, "in"), 1)
+    holder = bus.nodes[sink].core
+    for other in holder.next_neighbours():
+        edge((sink, "out"), (other.node_id, "in"), 1)
+    return rev
+
+
+def shortest_to_sink(bus: MessageBus, sink: str) -> dict[tuple[str, str], int]:
+    """0-1 BFS from the sink's arrival over the reversed residual graph."""
+    rev = residual_graph(bus, sink)
+    dist = {(sink, "in"): 0}
+    queue = deque([(sink, "in")])
+    while queue:
+        v = queue.popleft()
+        for u, w in rev.get(v, ()):
+            if dist[v] + w < dist.get(u, 10**9):
+                dist[u] = dist[v] + w
+                (queue.appendleft if w == 0 else queue.append)(u)
+    return dist
+
+
+def settle(bus: MessageBus, quiet_ticks: int = 300, max_ticks: int = 4000) -> None:
+    """Step until no edge unit has changed for ``quiet_ticks`` ticks (labels then had time to settle)."""
+    last, since = None, 0
+    while since < quiet_ticks and bus.now < max_ticks:
+        bus.step()
+        units = frozenset((n, e, u.prev, u.sink) for n, node in bus.nodes.items() for e, u in node.core.ins.items())
+        since = since + 1 if units == last else 0
+        last = units
+
+
+def assert_labels_are_shortest_paths(bus: MessageBus) -> None:
+    limit = hop_limit(bus.n_stages)
+    for sink in (n for n, node in bus.nodes.items() if node.stage == 0):
+        dist = shortest_to_sink(bus, sink)
+        for node_id, node in bus.nodes.items():
+            want_in = dist.get((node_id, "in"))
+            want_out = dist.get((node_id, "out"))
+            if node.stage == 0 and node_id != sink:
+                continue
+            got_in, got_out = node.residual.ins.get(sink), node.residual.outs.get(sink)
+            assert got_out == (want_out if want_out is not None and want_out <= limit else None), (node_id, sink)
+            if node.stage != 0:
+                assert got_in == (want_in if want_in is not None and want_in <= limit else None), (node_id, sink)
+
+
+def blocked_square() -> FlowInstance:
+    """One holder, two stages; a1 -> b1 is the only first unit routed and a2 can only reach b1:
+    the second unit needs a1's unit moved to b2 (one backward edge)."""
+    nodes = (NodeSpec("h", 0, supply=2), NodeSpec("a1", 1, capacity=1), NodeSpec("a2", 1, capacity=1),
+             NodeSpec("b1", 2, capacity=1), NodeSpec("b2", 2, capacity=1))
+    costs = {("a1", "h"): 1.0, ("a2", "h"): 5.0, ("a1", "b1"): 1.0, ("a1", "b2"): 5.0, ("a2", "b1"): 1.0,
+             ("b1", "h"): 1.0, ("b2", "h"): 1.0}
+    return FlowInstance(2, nodes, costs)
+
+
+def test_a_blocked_holder_sees_its_augmenting_path() -> None:
+    bus = MessageBus(blocked_square(), seed=0)
+    bus.run(max_ticks=400)
+    settle(bus)
+    if len(bus.routing()) == 2:
+        pytest.skip("the protocol routed both units on this seed")
+    assert bus.routing() == [("h", "a1", "b1", "h")]
+    holder = bus.nodes["h"].residual
+    assert holder.augmentable()
+    assert holder.outs["h"] == 5  # h -> a2 -> b1, back to a1, a1 -> b2 -> h
+    assert bus.nodes["b1"].residual.ins["h"] == 3 and bus.nodes["a1"].residual.outs["h"] == 2
+    assert_labels_are_shortest_paths(bus)
+
+
+def test_a_holder_at_its_maximum_sees_no_path() -> None:
+    nodes = (NodeSpec("h", 0, supply=3), NodeSpec("a", 1, capacity=1), NodeSpec("b", 2, capacity=1))
+    bus = MessageBus(FlowInstance(2, nodes, {("a", "h"): 1.0, ("a", "b"): 1.0, ("b", "h"): 1.0}), seed=0)
+    bus.run(max_ticks=400)
+    settle(bus)
+    assert len(bus.routing()) == 1 and bus.nodes["h"].core.demand() == 2
+    assert not bus.nodes["h"].residual.augmentable()
+    assert_labels_are_shortest_paths(bus)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000))
+def test_labels_equal_shortest_residual_paths_on_tight_swarms(seed: int) -> None:
+    bus = MessageBus(generate("tight", seed), seed=seed)
+    bus.run(max_ticks=1000)
+    settle(bus)
+    assert_labels_are_shortest_paths(bus)
+
+
+@pytest.mark.parametrize("ins, outs", [((("h", -1),), ()), ((), (("h", 10**6),))])
+def test_out_of_range_labels_are_refused(ins, outs) -> None:
+    bus = MessageBus(blocked_square(), seed=0)
+    node = bus.nodes["a1"]
+    node.on_message(Residual("b1", (("h", 1),), ()), now=1)
+    node.on_message(Residual("b1", ins, outs), now=2)
+    assert node.core.neighbours["b1"].res_in == {"h": 1}
