@@ -89,7 +89,8 @@ class Annealer:
         self._gossip_table()
         if c.pending is not None or c.outstanding() or c.rng.random() >= c.params.improve_probability:
             return
-        self._improve_with_peer()
+        if not c.flow_first:
+            self._improve_with_peer()
 
     def _gossip_table(self) -> None:
         """Send the flow table to same-stage peers when it changed, else as a slow keep-alive."""

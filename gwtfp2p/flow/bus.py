@@ -136,8 +136,10 @@ class MessageBus:
             self.violations += [f"tick {self.now}: {v}" for v in snap.violations]
 
     def _growth_possible(self) -> bool:
-        """A data holder still wants units and sees a next hop that advertises a path."""
-        return any(n.stage == 0 and n.core.demand() > 0 and n.growth.best_next(n.node_id) is not None
+        """A data holder still wants units and sees a next hop that advertises a path, or an augmenting
+        path in its residual labels."""
+        return any(n.stage == 0 and n.core.demand() > 0
+                   and (n.growth.best_next(n.node_id) is not None or n.residual.augmentable())
                    for n in self.nodes.values())
 
     def check(self) -> Snapshot:

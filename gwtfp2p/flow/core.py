@@ -43,6 +43,7 @@ class Neighbour:
     backoff_until: int = -1
     res_in: dict[str, int] = field(default_factory=dict)  # its residual distances (residual.py)
     res_out: dict[str, int] = field(default_factory=dict)
+    res_blocked: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class NodeCore:
         self.pending = None  # the one outstanding proposal (growth request or move)
         self.temperature = params.temperature_relay
         self.routing_version = 0
+        self.flow_first = False  # a holder nearby waits for an augmenting step: no cost-driven moves (residual.py)
         self.messages_sent = 0
         self._edge_counter = 0
         self._dirty_forward: set[str] = set()

@@ -218,15 +218,28 @@ class ProposeExchange:
 @dataclass(frozen=True)
 class Residual:
     """The sender's residual distances in hops per sink (residual.py): ``ins`` for the previous
-    stage, from a unit arriving at the sender; ``outs`` for the next stage, from a unit leaving it."""
+    stage, from a unit arriving at the sender; ``outs`` for the next stage, from a unit leaving it;
+    ``blocked``: holders waiting for an augmenting step, with the sender's hops to them."""
 
     sender: str
     ins: tuple[tuple[str, int], ...]
     outs: tuple[tuple[str, int], ...]
+    blocked: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Augment:
+    """A walk along a holder's residual labels (augment.py). ``edge_id`` empty: a new unit would enter
+    the receiver from the sender; else the receiver's unit on that edge should leave the sender."""
+
+    sender: str
+    sink: str
+    budget: int
+    edge_id: str
 
 
 Message = (Advert | Request | Accept | Reject | Refresh | Cancel | PushBack | Moved | FlowTable
-           | ProposeTakeover | ProposeSwap | ProposeExchange | MoveAnswer | SwapCommit | Residual)
+           | ProposeTakeover | ProposeSwap | ProposeExchange | MoveAnswer | SwapCommit | Residual | Augment)
 
 
 @dataclass(frozen=True)

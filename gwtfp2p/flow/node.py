@@ -14,12 +14,14 @@ from typing import NamedTuple
 
 from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.annealing import Annealer
+from gwtfp2p.flow.augment import Augmenter
 from gwtfp2p.flow.core import Neighbour, NodeCore
 from gwtfp2p.flow.growth import Adverts, Growth, PendingRequest
 from gwtfp2p.flow.load import NodeResources
 from gwtfp2p.flow.messages import (
     Accept,
     Advert,
+    Augment,
     Cancel,
     Envelope,
     FlowTable,
@@ -89,6 +91,7 @@ class FlowNode:
         self.softstate = SoftState(self.core)
         self.rerouter = Rerouter(self.core, self.growth, self.moves)
         self.residual = ResidualDistances(self.core)
+        self.augmenter = Augmenter(self.core, self.growth, self.rerouter, self.residual)
         self._handlers = {
             Advert: self.adverts.on_advert, Request: self.growth.on_request, Accept: self.growth.on_accept,
             Reject: self.growth.on_reject, Refresh: self.softstate.on_refresh, Cancel: self.softstate.on_cancel,
@@ -96,7 +99,7 @@ class FlowNode:
             ProposeTakeover: self.moves.on_takeover, ProposeSwap: self.moves.on_swap,
             ProposeExchange: self.moves.on_exchange,
             MoveAnswer: self.moves.on_answer, SwapCommit: self.moves.on_commit,
-            Residual: self.residual.on_residual,
+            Residual: self.residual.on_residual, Augment: self.augmenter.on_augment,
         }
 
     # -- identity ----------------------------------------------------------------------------
@@ -231,6 +234,7 @@ class FlowNode:
         self.moves.tick()
         self.rerouter.tick()
         self.growth.tick()
+        self.augmenter.tick()
         self.annealer.tick()
         return c.take_outbox()
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gwtfp2p.flow.core import NodeCore, OutUnit
+from gwtfp2p.flow.core import INF, Neighbour, NodeCore, OutUnit
 from gwtfp2p.flow.growth import Growth
 from gwtfp2p.flow.moves import MoveExecutor
+
+PIN_PERIODS = 8  # augmenting walks a moved unit stays out of cost re-routes for (augment.py)
 
 
 @dataclass
@@ -22,6 +24,7 @@ class Rebuild:
     new_out: str
     in_id: str | None  # None for a data holder's own unit
     deadline: int
+    for_flow: bool = False  # an augmenting step (augment.py): switch whatever the cost
 
 
 class Rerouter:
@@ -33,6 +36,7 @@ class Rerouter:
         self.moves = moves
         self.current: Rebuild | None = None
         self.backoff: dict[str, int] = {}  # old out-unit id -> tick before which it is not retried
+        self.pinned: dict[str, int] = {}  # out-unit id -> tick before which no cost re-route moves it
         self.failures = 0  # consecutive failed re-routes: the node waits 2^failures periods
         self.quiet_until = 0
         self._memo: tuple | None = None
@@ -41,7 +45,7 @@ class Rerouter:
         if self.current is not None:
             self._advance(self.current)
         elif (self.core.pending is None and self.core.params.reroute_margin > 0
-              and self.core.now >= self.quiet_until):
+              and self.core.now >= self.quiet_until and not self.core.flow_first):
             self._maybe_start()
 
     # -- starting ------------------------------------------------------------------------------
@@ -58,6 +62,8 @@ class Rerouter:
         for out in sorted(c.outs.values(), key=lambda o: o.edge_id):
             if not (out.confirmed and out.complete) or self.backoff.get(out.edge_id, -1) > c.now:
                 continue
+            if self.pinned.get(out.edge_id, -1) > c.now:
+                continue
             if not c.is_data_holder and (out.in_id is None or out.in_id in self.moves.locked):
                 continue
             choice = self.growth.best_next(out.sink, exclude=out.next)
@@ -68,6 +74,21 @@ class Rerouter:
                 best = (saving, out, choice)
         if best is not None:
             self._start(best[1], *best[2])
+
+    def start_for_flow(self, out: OutUnit, neighbour: Neighbour) -> bool:
+        """Move ``out``'s unit off its next hop onto ``neighbour``'s path with spare capacity (an augmenting
+        step: no cost margin). False if this node is busy or the unit cannot move now."""
+        c = self.core
+        if self.current is not None or not (out.confirmed and out.complete):
+            return False
+        if not c.is_data_holder and (out.in_id is None or out.in_id in self.moves.locked):
+            return False
+        advert = neighbour.advert.get(out.sink, INF)
+        if neighbour.spare <= 0 or advert == INF or neighbour.backoff_until > c.now:
+            return False
+        self._start(out, neighbour, neighbour.cost + advert)
+        self.current.for_flow = True
+        return True
 
     def _start(self, out: OutUnit, neighbour, expected_total: float) -> None:
         c = self.core
@@ -90,7 +111,7 @@ class Rerouter:
         elif not carried:
             self._adopt(rebuild, new)
         elif new.confirmed and new.complete:
-            if old is None or new.down_cost < old.down_cost:
+            if old is None or rebuild.for_flow or new.down_cost < old.down_cost:
                 self._switch(rebuild, new)
             else:
                 c.drop_out(new.edge_id, cancel=True)
@@ -121,6 +142,8 @@ class Rerouter:
         if rebuild.in_id is not None:
             c.match(rebuild.in_id, new.edge_id)
             c.mark_backward(rebuild.in_id)
+        if rebuild.for_flow:  # a cost re-route must not take back what the step freed before it is used
+            self.pinned[new.edge_id] = c.now + PIN_PERIODS * 2 * c.params.advert_period_ticks * (c.n_stages + 1)
         c.changed()
         self._end(rebuild, failed=False)
 
@@ -134,4 +157,5 @@ class Rerouter:
         if failed:
             self.backoff[rebuild.old_out] = c.now + 4 * wait
         self.backoff = {k: v for k, v in self.backoff.items() if v > c.now and k in c.outs}
+        self.pinned = {k: v for k, v in self.pinned.items() if v > c.now and k in c.outs}
         self.current = None

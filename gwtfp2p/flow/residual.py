@@ -20,7 +20,7 @@ augmenting step (issue 15) will follow, and a local test that a holder's flow is
 
 from __future__ import annotations
 
-from gwtfp2p.flow.core import NodeCore
+from gwtfp2p.flow.core import INF, NodeCore
 from gwtfp2p.flow.messages import Residual
 
 HOP_LIMIT_PER_STAGE = 4  # hop limit = this × (stages + 1): a path may visit each stage a few times
@@ -62,13 +62,19 @@ def distances(core: NodeCore) -> tuple[Labels, Labels]:
 
 class ResidualDistances:
     """Recomputes this node's labels and sends them to both neighbour stages when they change
-    (at most once per advert period, and again every four periods)."""
+    (at most once per advert period, and again every four periods).
+
+    With them goes ``blocked``: the holders that could gain a unit only by an augmenting step, with
+    the hops to them. A node that knows one puts flow first (``NodeCore.flow_first``): it starts no
+    cost-driven move (re-route or annealing), which could take back the capacity a step freed before
+    the holder uses it. Stale flags count up to the hop limit and vanish, like the labels."""
 
     def __init__(self, core: NodeCore) -> None:
         self.core = core
         self.ins: Labels = {}
         self.outs: Labels = {}
-        self.last_sent: tuple[Labels, Labels] | None = None
+        self.blocked: Labels = {}
+        self.last_sent: tuple[Labels, Labels, Labels] | None = None
         self.last_tick = -(10**9)
 
     def tick(self) -> None:
@@ -77,12 +83,33 @@ class ResidualDistances:
         if c.now - self.last_tick < period:
             return
         self.ins, self.outs = distances(c)
-        if (self.ins, self.outs) == self.last_sent and c.now - self.last_tick < 4 * period:
+        self.blocked = self._blocked()
+        c.flow_first = bool(self.blocked)
+        labels = (self.ins, self.outs, self.blocked)
+        if labels == self.last_sent and c.now - self.last_tick < 4 * period:
             return
-        message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())))
+        message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())),
+                           tuple(sorted(self.blocked.items())))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
             c.send(neighbour.node_id, message)
-        self.last_sent, self.last_tick = (self.ins, self.outs), c.now
+        self.last_sent, self.last_tick = labels, c.now
+
+    def _blocked(self) -> Labels:
+        """Holders that want more, cannot grow and could by moving their own units, with our hops to them:
+        a holder's own flag (0), else 1 + a neighbour's, where our own label for that sink is finite."""
+        c = self.core
+        limit = hop_limit(c.n_stages)
+        if c.is_data_holder:
+            spare_path = any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours())
+            wants = c.demand() > 0 and c.node_id in self.outs and not spare_path
+            blocked: Labels = {c.node_id: 0} if wants else {}
+        else:
+            blocked = {}
+        for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
+            for sink, hops in neighbour.res_blocked.items():
+                if sink in self.ins or sink in self.outs:
+                    _better(blocked, sink, hops + 1, limit)
+        return blocked
 
     def on_residual(self, msg: Residual) -> None:
         """Keep a neighbour's labels; out-of-range hop counts are refused (untrusted input)."""
@@ -90,9 +117,10 @@ class ResidualDistances:
         if neighbour is None:
             return
         limit = hop_limit(self.core.n_stages)
-        if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs)):
+        if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs, *msg.blocked)):
             return
         neighbour.res_in, neighbour.res_out = dict(msg.ins), dict(msg.outs)
+        neighbour.res_blocked = dict(msg.blocked)
 
     def augmentable(self) -> bool:
         """A data holder with demand that could route one unit more by moving only its own units."""

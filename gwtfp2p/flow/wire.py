@@ -23,7 +23,7 @@ INF_TOKEN = "inf"
 
 MESSAGE_TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     m.Advert, m.Request, m.Accept, m.Reject, m.Refresh, m.Cancel, m.PushBack, m.Moved, m.FlowTable,
-    m.ProposeTakeover, m.ProposeSwap, m.ProposeExchange, m.MoveAnswer, m.SwapCommit, m.Residual)}
+    m.ProposeTakeover, m.ProposeSwap, m.ProposeExchange, m.MoveAnswer, m.SwapCommit, m.Residual, m.Augment)}
 
 
 class WireError(ValueError):
