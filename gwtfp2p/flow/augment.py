@@ -46,7 +46,7 @@ class Augmenter:
         if not self.residual.augmentable() or self.growth.best_next(c.node_id) is not None:
             return
         self.next_walk = c.now + augment_period_ticks(c)
-        self._forward(c.node_id, hop_limit(c.n_stages), exclude=None)
+        self._forward(c.node_id, hop_limit(c.n_stages), None, pure=False)
 
     def on_augment(self, msg: Augment) -> None:
         c = self.core
@@ -56,52 +56,63 @@ class Augmenter:
         if c.is_data_holder and msg.edge_id == NEW_UNIT:
             return  # a walk that reached the sink forward had nothing to displace
         if msg.edge_id == NEW_UNIT and sender.stage == c.prev_stage:
-            self._arrive(msg.sink, msg.budget - 1)
+            self._arrive(msg.sink, msg.budget - 1, msg.pure)
         elif msg.edge_id != NEW_UNIT and sender.stage == c.next_stage:
             out = c.outs.get(msg.edge_id)
             if out is not None and out.next == msg.sender and out.sink == msg.sink:
-                self._leave(out.edge_id, msg.sink, msg.budget - 1)
+                self._leave(out.edge_id, msg.sink, msg.budget - 1, msg.pure)
 
-    def _arrive(self, sink: str, budget: int) -> None:
-        """A new unit would enter here: take a spare slot and go on, or displace a unit of ``sink``."""
+    def _arrive(self, sink: str, budget: int, pure: bool) -> None:
+        """A new unit would enter here: take a spare slot and go on, displace a unit of ``sink``, or
+        (not ``pure``) have another holder re-route one of its units from here."""
         c = self.core
         if c.spare() > 0 and self.growth.best_next(sink) is not None:
             return  # ordinary growth reaches the sink from here: nothing left to displace (stale labels)
-        back = self._best_back(sink)
-        forward = self._best_forward(sink, exclude=None) if c.spare() > 0 else None
-        if back is not None and (forward is None or back[1] < forward[1]):
-            c.send(back[0].prev, Augment(c.node_id, sink, budget, back[0].edge_id))
-        elif forward is not None:
-            self._forward(sink, budget, exclude=None)
+        options = []
+        back = self._best_back(sink, pure)
+        if back is not None:
+            options.append((back[1], 0, lambda: c.send(back[0].prev, Augment(c.node_id, sink, budget,
+                                                                            back[0].edge_id, pure))))
+        forward = self._best_forward(sink, None, pure) if c.spare() > 0 else None
+        if forward is not None:
+            options.append((forward[1], 1, lambda: self._forward(sink, budget, None, pure)))
+        if not pure and c.spare() <= 0 and sink in self.residual.xouts:
+            other = self._best_other(sink)
+            if other is not None:
+                unit, hops = other
+                options.append((hops + self.residual.xouts[sink] - 1, 2, lambda: c.send(
+                    unit.prev, Augment(c.node_id, unit.sink, budget, unit.edge_id, True))))
+        if options:
+            min(options, key=lambda o: o[:2])[2]()
 
-    def _leave(self, out_id: str, sink: str, budget: int) -> None:
+    def _leave(self, out_id: str, sink: str, budget: int, pure: bool) -> None:
         """Our unit on ``out_id`` should leave its next hop: move it now if a spare path exists, else walk on."""
         c = self.core
         out = c.outs[out_id]
-        back = None if c.is_data_holder else self._best_back(sink, only=out.in_id)
-        forward = self._best_forward(sink, exclude=out.next)
+        back = None if c.is_data_holder else self._best_back(sink, pure, only=out.in_id)
+        forward = self._best_forward(sink, out.next, pure)
         if back is not None and (forward is None or back[1] < forward[1]):
-            c.send(back[0].prev, Augment(c.node_id, sink, budget, back[0].edge_id))
+            c.send(back[0].prev, Augment(c.node_id, sink, budget, back[0].edge_id, pure))
         elif forward is not None and forward[0].spare > 0 and forward[0].advert.get(sink, INF) < INF:
             if c.pending is None and self.rerouter.start_for_flow(out, forward[0]):
                 self.steps_started += 1
         elif forward is not None:
-            self._forward(sink, budget, exclude=out.next)
+            self._forward(sink, budget, out.next, pure)
 
-    def _forward(self, sink: str, budget: int, exclude: str | None) -> None:
-        choice = self._best_forward(sink, exclude)
+    def _forward(self, sink: str, budget: int, exclude: str | None, pure: bool) -> None:
+        choice = self._best_forward(sink, exclude, pure)
         if choice is not None and budget > 0:
-            self.core.send(choice[0].node_id, Augment(self.core.node_id, sink, budget, NEW_UNIT))
+            self.core.send(choice[0].node_id, Augment(self.core.node_id, sink, budget, NEW_UNIT, pure))
 
-    def _best_forward(self, sink: str, exclude: str | None) -> tuple[Neighbour, float] | None:
+    def _best_forward(self, sink: str, exclude: str | None, pure: bool) -> tuple[Neighbour, float] | None:
         best = None
         for n in self.core.next_neighbours():
-            hops = n.res_in.get(sink, INF)
+            hops = (n.res_in if pure else n.res_xin).get(sink, INF)
             if n.node_id != exclude and hops < INF and (best is None or hops < best[1]):
                 best = (n, hops)
         return best
 
-    def _best_back(self, sink: str, only: str | None = None):
+    def _best_back(self, sink: str, pure: bool, only: str | None = None):
         """The in-unit of ``sink`` (``only``: that one) whose sender is closest to the end, with its label."""
         c = self.core
         best = None
@@ -109,7 +120,20 @@ class Augmenter:
             if unit.sink != sink or (only is not None and unit.edge_id != only) or unit.out_id is None:
                 continue
             prev = c.neighbours.get(unit.prev)
-            hops = prev.res_out.get(sink, INF) if prev is not None else INF
+            hops = (prev.res_out if pure else prev.res_xout).get(sink, INF) if prev is not None else INF
+            if hops < INF and (best is None or hops < best[1]):
+                best = (unit, hops)
+        return best
+
+    def _best_other(self, sink: str):
+        """Another holder's unit here that its holder could re-route (by the pure labels), with its label."""
+        c = self.core
+        best = None
+        for unit in sorted(c.ins.values(), key=lambda u: u.edge_id):
+            if unit.sink == sink or unit.out_id is None:
+                continue
+            prev = c.neighbours.get(unit.prev)
+            hops = prev.res_out.get(unit.sink, INF) if prev is not None else INF
             if hops < INF and (best is None or hops < best[1]):
                 best = (unit, hops)
         return best

@@ -44,6 +44,8 @@ class Neighbour:
     res_in: dict[str, int] = field(default_factory=dict)  # its residual distances (residual.py)
     res_out: dict[str, int] = field(default_factory=dict)
     res_blocked: dict[str, int] = field(default_factory=dict)
+    res_xin: dict[str, int] = field(default_factory=dict)
+    res_xout: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -219,12 +219,15 @@ class ProposeExchange:
 class Residual:
     """The sender's residual distances in hops per sink (residual.py): ``ins`` for the previous
     stage, from a unit arriving at the sender; ``outs`` for the next stage, from a unit leaving it;
-    ``blocked``: holders waiting for an augmenting step, with the sender's hops to them."""
+    ``blocked``: holders waiting for an augmenting step, with the sender's hops to them; ``xins`` /
+    ``xouts``: the labels a walk follows, which may also displace another holder's unit."""
 
     sender: str
     ins: tuple[tuple[str, int], ...]
     outs: tuple[tuple[str, int], ...]
     blocked: tuple[tuple[str, int], ...] = ()
+    xins: tuple[tuple[str, int], ...] = ()
+    xouts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,7 @@ class Augment:
     sink: str
     budget: int
     edge_id: str
+    pure: bool = False  # follow the pure labels: a displaced holder's own re-route, which displaces no other
 
 
 Message = (Advert | Request | Accept | Reject | Refresh | Cancel | PushBack | Moved | FlowTable

@@ -38,26 +38,50 @@ def _better(labels: Labels, sink: str, hops: int, limit: int) -> None:
         labels[sink] = hops
 
 
-def distances(core: NodeCore) -> tuple[Labels, Labels]:
-    """This node's (ins, outs) labels from its units and its neighbours' last labels (pure)."""
+def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
+    """This node's (ins, outs) labels from its units and its neighbours' last labels (pure).
+
+    ``cross``: the labels a walk follows, which also let a newcomer into a full relay X by displacing
+    another holder g's unit from P, when g could re-route it (P's pure label for g is finite): that
+    costs 1 + P's label for g, and the newcomer goes on from X by X's own ``outs``.
+    """
     limit = hop_limit(core.n_stages)
     outs: Labels = {}
     for neighbour in core.next_neighbours():
-        for sink, hops in neighbour.res_in.items():
+        for sink, hops in (neighbour.res_xin if cross else neighbour.res_in).items():
             _better(outs, sink, hops + 1, limit)
     if core.is_data_holder:
         return {core.node_id: 0}, {s: h for s, h in outs.items() if s == core.node_id}
     back: Labels = {}
     for unit in core.ins.values():
         prev = core.neighbours.get(unit.prev)
-        if prev is not None and unit.sink in prev.res_out:
-            _better(back, unit.sink, prev.res_out[unit.sink] + 1, limit)
+        labels = None if prev is None else prev.res_xout if cross else prev.res_out
+        if labels is not None and unit.sink in labels:
+            _better(back, unit.sink, labels[unit.sink] + 1, limit)
     for sink, hops in back.items():
         _better(outs, sink, hops, limit)
     ins: Labels = dict(outs) if core.spare() > 0 else {}
     for sink, hops in back.items():
         _better(ins, sink, hops, limit)
+    if cross and core.spare() <= 0:
+        displace = displacements(core)
+        for sink, hops in outs.items():
+            others = [cost for g, cost in displace.items() if g != sink]
+            if others:
+                _better(ins, sink, hops + min(others), limit)
     return ins, outs
+
+
+def displacements(core: NodeCore) -> Labels:
+    """Per holder g: the fewest hops for one of g's units here to leave by g's own re-route (1 + its
+    sender's pure label for g); only units that go on from here count."""
+    limit = hop_limit(core.n_stages)
+    found: Labels = {}
+    for unit in core.ins.values():
+        prev = core.neighbours.get(unit.prev)
+        if prev is not None and unit.out_id is not None and unit.sink in prev.res_out:
+            _better(found, unit.sink, prev.res_out[unit.sink] + 1, limit)
+    return found
 
 
 class ResidualDistances:
@@ -73,8 +97,10 @@ class ResidualDistances:
         self.core = core
         self.ins: Labels = {}
         self.outs: Labels = {}
+        self.xins: Labels = {}
+        self.xouts: Labels = {}
         self.blocked: Labels = {}
-        self.last_sent: tuple[Labels, Labels, Labels] | None = None
+        self.last_sent: tuple[Labels, ...] | None = None
         self.last_tick = -(10**9)
 
     def tick(self) -> None:
@@ -83,13 +109,15 @@ class ResidualDistances:
         if c.now - self.last_tick < period:
             return
         self.ins, self.outs = distances(c)
+        self.xins, self.xouts = distances(c, cross=True)
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
-        labels = (self.ins, self.outs, self.blocked)
+        labels = (self.ins, self.outs, self.xins, self.xouts, self.blocked)
         if labels == self.last_sent and c.now - self.last_tick < 4 * period:
             return
         message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())),
-                           tuple(sorted(self.blocked.items())))
+                           tuple(sorted(self.blocked.items())), tuple(sorted(self.xins.items())),
+                           tuple(sorted(self.xouts.items())))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
             c.send(neighbour.node_id, message)
         self.last_sent, self.last_tick = labels, c.now
@@ -101,13 +129,13 @@ class ResidualDistances:
         limit = hop_limit(c.n_stages)
         if c.is_data_holder:
             spare_path = any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours())
-            wants = c.demand() > 0 and c.node_id in self.outs and not spare_path
+            wants = c.demand() > 0 and c.node_id in self.xouts and not spare_path
             blocked: Labels = {c.node_id: 0} if wants else {}
         else:
             blocked = {}
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
             for sink, hops in neighbour.res_blocked.items():
-                if sink in self.ins or sink in self.outs:
+                if sink in self.xins or sink in self.xouts:
                     _better(blocked, sink, hops + 1, limit)
         return blocked
 
@@ -117,12 +145,14 @@ class ResidualDistances:
         if neighbour is None:
             return
         limit = hop_limit(self.core.n_stages)
-        if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs, *msg.blocked)):
+        if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs, *msg.blocked, *msg.xins, *msg.xouts)):
             return
         neighbour.res_in, neighbour.res_out = dict(msg.ins), dict(msg.outs)
+        neighbour.res_xin, neighbour.res_xout = dict(msg.xins), dict(msg.xouts)
         neighbour.res_blocked = dict(msg.blocked)
 
-    def augmentable(self) -> bool:
-        """A data holder with demand that could route one unit more by moving only its own units."""
+    def augmentable(self, cross: bool = True) -> bool:
+        """A data holder with demand that could route one unit more by moving its own units (``cross``:
+        or by having another holder re-route one of its units)."""
         c = self.core
-        return c.is_data_holder and c.demand() > 0 and c.node_id in self.outs
+        return c.is_data_holder and c.demand() > 0 and c.node_id in (self.xouts if cross else self.outs)
