@@ -55,6 +55,10 @@ class FlowParams:
     reroute_margin: float = 0.1
     reject_backoff_ticks: int = 3
     gain_epsilon: float = 1e-3
+    augment: bool = True
+    """Augmenting steps (flow/augment.py): a data holder that cannot grow has units moved along its
+    residual labels until it can. False keeps the labels but takes no step, and holds no cost-driven
+    move for it (the protocol before issue 15's augmenting paths)."""
     iteration_budget_s: float = 0.0
     """Seconds one iteration may take. With it, a node carries at most as many units as its GPU
     (``compute_s_per_unit``) and its uplink (``uplink_s_per_unit``) serve in that time, besides
@@ -73,6 +77,7 @@ class FlowParams:
                     f"must be an integer >= 1, got {value!r}")
         require(self.soft_state_ttl_ticks > 2 * self.refresh_period_ticks, "--flow-soft-state-ttl-ticks",
                 "must exceed twice --flow-refresh-period-ticks, or live units expire between refreshes")
+        require(isinstance(self.augment, bool), "--flow-augment", f"must be true or false, got {self.augment!r}")
         require_probability(self.improve_probability, "--flow-improve-probability")
         require_probability(self.cooling, "--flow-cooling")
         require_positive(self.temperature_relay, "--flow-temperature-relay")

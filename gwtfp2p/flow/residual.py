@@ -129,7 +129,7 @@ class ResidualDistances:
         limit = hop_limit(c.n_stages)
         if c.is_data_holder:
             spare_path = any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours())
-            wants = c.demand() > 0 and c.node_id in self.xouts and not spare_path
+            wants = c.params.augment and c.demand() > 0 and c.node_id in self.xouts and not spare_path
             blocked: Labels = {c.node_id: 0} if wants else {}
         else:
             blocked = {}
