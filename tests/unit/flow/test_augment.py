@@ -1,0 +1,60 @@
+"""Augmenting steps (augment.py): a holder that cannot grow has a unit moved, its own or another holder's,
+by make-before-break; walks that are malformed or from strangers are ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from gwtfp2p.config import FlowParams
+from gwtfp2p.flow.bus import MessageBus
+from gwtfp2p.flow.instance import FlowInstance, NodeSpec
+from gwtfp2p.flow.messages import Augment
+
+
+def shared_relay(params: FlowParams | None = None) -> MessageBus:
+    """g reaches x (cheap) and y (dear); h reaches only x; one stage, each relay carries one unit.
+    g's unit takes x first, so h can route only if g's unit moves to y."""
+    nodes = (NodeSpec("g", 0, supply=1), NodeSpec("h", 0, supply=1), NodeSpec("x", 1, capacity=1),
+             NodeSpec("y", 1, capacity=1))
+    return MessageBus(FlowInstance(1, nodes, {("g", "x"): 1.0, ("g", "y"): 10.0, ("h", "x"): 1.0}), seed=0,
+                      params=params, check_every_tick=True)
+
+
+def first_routing(bus: MessageBus, ticks: int = 40) -> list:
+    for _ in range(ticks):
+        bus.step()
+        if bus.routing():
+            return sorted(bus.routing())
+    return []
+
+
+def test_another_holders_unit_moves_so_a_blocked_holder_can_route() -> None:
+    bus = shared_relay()
+    assert first_routing(bus) == [("g", "x", "g")]
+    result = bus.run(max_ticks=600)
+    assert sorted(bus.routing()) == [("g", "y", "g"), ("h", "x", "h")]
+    assert bus.nodes["g"].augmenter.steps_started == 1 and result.converged and bus.violations == []
+
+
+def test_without_steps_the_blocked_holder_stays_blocked() -> None:
+    bus = shared_relay(FlowParams(augment=False))
+    assert first_routing(bus) == [("g", "x", "g")]
+    bus.run(max_ticks=600)
+    assert sorted(bus.routing()) == [("g", "x", "g")]
+    assert bus.nodes["h"].residual.augmentable()  # it could: the labels see the step no one takes
+
+
+@pytest.mark.parametrize("walk", [
+    Augment("y", "h", 3, ""),  # a same-stage peer is neither the previous nor the next stage
+    Augment("h", "h", 0, ""),  # no budget left
+    Augment("h", "h", 10**6, ""),  # a budget beyond the hop limit
+    Augment("stranger", "h", 3, ""),
+    Augment("g", "g", 3, "g#404"),  # asks to move a unit this node does not hold
+])
+def test_walks_that_are_malformed_or_from_strangers_are_ignored(walk: Augment) -> None:
+    bus = shared_relay()
+    first_routing(bus)
+    x = bus.nodes["x"]
+    before = (dict(x.core.ins), dict(x.core.outs))
+    assert x.on_message(walk, now=bus.now) == []
+    assert (dict(x.core.ins), dict(x.core.outs)) == before
