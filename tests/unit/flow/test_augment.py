@@ -4,9 +4,12 @@ by make-before-break; walks that are malformed or from strangers are ignored."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.bus import MessageBus
+from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
 from gwtfp2p.flow.messages import Augment
 
@@ -58,3 +61,16 @@ def test_walks_that_are_malformed_or_from_strangers_are_ignored(walk: Augment) -
     before = (dict(x.core.ins), dict(x.core.outs))
     assert x.on_message(walk, now=bus.now) == []
     assert (dict(x.core.ins), dict(x.core.outs)) == before
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000))
+def test_on_tight_swarms_steps_settle_with_no_surplus_left_at_relays(seed: int) -> None:
+    """After convergence every relay's in-unit is on a complete chain (surplus stays at its holder),
+    no holder is still waiting for a step it could take, and the invariants held at every tick."""
+    bus = MessageBus(generate("tight", seed), seed=seed, check_every_tick=True)
+    result = bus.run(max_ticks=2000)
+    held = sum(len(node.core.ins) for node in bus.nodes.values() if node.stage > 0)
+    assert result.converged and bus.violations == []
+    assert held == len(bus.routing()) * bus.n_stages
+    assert not any(node.residual.augmentable() for node in bus.nodes.values())
