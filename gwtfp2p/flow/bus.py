@@ -137,9 +137,11 @@ class MessageBus:
 
     def _growth_possible(self) -> bool:
         """A data holder still wants units and sees a next hop that advertises a path, or an augmenting
-        path in its residual labels."""
-        return any(n.stage == 0 and n.core.demand() > 0
-                   and (n.growth.best_next(n.node_id) is not None or n.residual.augmentable())
+        path in its residual labels; or a node still holds cost-driven moves for a blocked holder, or
+        is moving a unit for one (an augmenting step under way)."""
+        return any((n.stage == 0 and n.core.demand() > 0
+                    and (n.growth.best_next(n.node_id) is not None or n.residual.augmentable()))
+                   or n.core.flow_first or (n.rerouter.current is not None and n.rerouter.current.for_flow)
                    for n in self.nodes.values())
 
     def check(self) -> Snapshot:
