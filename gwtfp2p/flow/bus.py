@@ -137,11 +137,12 @@ class MessageBus:
 
     def _growth_possible(self) -> bool:
         """A data holder still wants units and sees a next hop that advertises a path, or an augmenting
-        path in its residual labels; or a node still holds cost-driven moves for a blocked holder, or
-        is moving a unit for one (an augmenting step under way)."""
+        path in its residual labels; or a node still holds cost-driven moves for a blocked holder, is
+        re-routing a unit, has a proposal out, or holds a unit with no next hop yet (work under way)."""
         return any((n.stage == 0 and n.core.demand() > 0
                     and (n.growth.best_next(n.node_id) is not None or n.residual.augmentable()))
-                   or n.core.flow_first or (n.rerouter.current is not None and n.rerouter.current.for_flow)
+                   or n.core.flow_first or n.rerouter.current is not None or n.core.pending is not None
+                   or bool(n.core.outstanding())
                    for n in self.nodes.values())
 
     def check(self) -> Snapshot:
