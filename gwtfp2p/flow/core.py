@@ -43,7 +43,7 @@ class Neighbour:
     backoff_until: int = -1
     res_in: dict[str, int] = field(default_factory=dict)  # its residual distances (residual.py)
     res_out: dict[str, int] = field(default_factory=dict)
-    res_blocked: dict[str, int] = field(default_factory=dict)
+    res_blocked: tuple[tuple[str, int, int], ...] = ()  # (holder, its tick, hops) of blocked holders
     res_xin: dict[str, int] = field(default_factory=dict)
     res_xout: dict[str, int] = field(default_factory=dict)
 

@@ -219,13 +219,14 @@ class ProposeExchange:
 class Residual:
     """The sender's residual distances in hops per sink (residual.py): ``ins`` for the previous
     stage, from a unit arriving at the sender; ``outs`` for the next stage, from a unit leaving it;
-    ``blocked``: holders waiting for an augmenting step, with the sender's hops to them; ``xins`` /
+    ``blocked``: holders waiting for an augmenting step (holder, its tick when it last said so, the
+    sender's hops to it); ``xins`` /
     ``xouts``: the labels a walk follows, which may also displace another holder's unit."""
 
     sender: str
     ins: tuple[tuple[str, int], ...]
     outs: tuple[tuple[str, int], ...]
-    blocked: tuple[tuple[str, int], ...] = ()
+    blocked: tuple[tuple[str, int, int], ...] = ()
     xins: tuple[tuple[str, int], ...] = ()
     xouts: tuple[tuple[str, int], ...] = ()
 

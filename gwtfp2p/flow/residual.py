@@ -30,6 +30,11 @@ def hop_limit(n_stages: int) -> int:
     return HOP_LIMIT_PER_STAGE * (n_stages + 1)
 
 
+def flag_ttl_ticks(core: NodeCore) -> int:
+    """How long a blocked holder's flag lives without a newer tick from it (a few advert periods)."""
+    return 4 * core.params.advert_period_ticks
+
+
 Labels = dict[str, int]
 
 
@@ -89,9 +94,10 @@ class ResidualDistances:
     (at most once per advert period, and again every four periods).
 
     With them goes ``blocked``: the holders that could gain a unit only by an augmenting step, with
-    the hops to them. A node that knows one puts flow first (``NodeCore.flow_first``): it starts no
-    cost-driven move (re-route or annealing), which could take back the capacity a step freed before
-    the holder uses it. Stale flags count up to the hop limit and vanish, like the labels."""
+    the holder's tick when it last said so and the hops to it. A node that knows one puts flow first
+    (``NodeCore.flow_first``): it starts no cost-driven move (re-route or annealing), which could take
+    back the capacity a step freed before the holder uses it. A flag whose holder's tick stops
+    advancing ends within a few periods."""
 
     def __init__(self, core: NodeCore) -> None:
         self.core = core
@@ -99,7 +105,8 @@ class ResidualDistances:
         self.outs: Labels = {}
         self.xins: Labels = {}
         self.xouts: Labels = {}
-        self.blocked: Labels = {}
+        self.blocked: dict[str, tuple[int, int]] = {}
+        self._seen: dict[str, tuple[int, int, int]] = {}  # sink -> (holder's tick, hops, our tick when it advanced)
         self.last_sent: tuple[Labels, ...] | None = None
         self.last_tick = -(10**9)
 
@@ -116,28 +123,32 @@ class ResidualDistances:
         if labels == self.last_sent and c.now - self.last_tick < 4 * period:
             return
         message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())),
-                           tuple(sorted(self.blocked.items())), tuple(sorted(self.xins.items())),
+                           tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())),
+                           tuple(sorted(self.xins.items())),
                            tuple(sorted(self.xouts.items())))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
             c.send(neighbour.node_id, message)
         self.last_sent, self.last_tick = labels, c.now
 
-    def _blocked(self) -> Labels:
-        """Holders that want more, cannot grow and could by moving their own units, with our hops to them:
-        a holder's own flag (0), else 1 + a neighbour's, where our own label for that sink is finite."""
+    def _blocked(self) -> dict[str, tuple[int, int]]:
+        """Holders that want more, cannot grow and could by a step: sink -> (the holder's tick when it last
+        said so, our hops to it). A holder's own flag carries its tick; we keep the newest tick a neighbour
+        passed on (where our label for that sink is finite) and drop a flag whose tick stopped advancing
+        for ``flag_ttl_ticks``, so a holder's flag ends everywhere soon after the holder stops raising it."""
         c = self.core
         limit = hop_limit(c.n_stages)
-        if c.is_data_holder:
+        if c.is_data_holder and c.params.augment:
             spare_path = any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours())
-            wants = c.params.augment and c.demand() > 0 and c.node_id in self.xouts and not spare_path
-            blocked: Labels = {c.node_id: 0} if wants else {}
-        else:
-            blocked = {}
+            if c.demand() > 0 and c.node_id in self.xouts and not spare_path:
+                self._seen[c.node_id] = (c.now, 0, c.now)
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            for sink, hops in neighbour.res_blocked.items():
-                if sink in self.xins or sink in self.xouts:
-                    _better(blocked, sink, hops + 1, limit)
-        return blocked
+            for sink, stamp, hops in neighbour.res_blocked:
+                known = self._seen.get(sink)
+                if hops < limit and (sink in self.xins or sink in self.xouts) and (known is None or stamp > known[0]):
+                    self._seen[sink] = (stamp, hops + 1, c.now)
+        ttl = flag_ttl_ticks(c)
+        self._seen = {k: v for k, v in self._seen.items() if c.now - v[2] <= ttl}
+        return {sink: (stamp, hops) for sink, (stamp, hops, _) in self._seen.items()}
 
     def on_residual(self, msg: Residual) -> None:
         """Keep a neighbour's labels; out-of-range hop counts are refused (untrusted input)."""
@@ -145,11 +156,13 @@ class ResidualDistances:
         if neighbour is None:
             return
         limit = hop_limit(self.core.n_stages)
-        if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs, *msg.blocked, *msg.xins, *msg.xouts)):
+        if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs, *msg.xins, *msg.xouts)):
+            return
+        if any(not 0 <= hops <= limit or stamp < 0 for _, stamp, hops in msg.blocked):
             return
         neighbour.res_in, neighbour.res_out = dict(msg.ins), dict(msg.outs)
         neighbour.res_xin, neighbour.res_xout = dict(msg.xins), dict(msg.xouts)
-        neighbour.res_blocked = dict(msg.blocked)
+        neighbour.res_blocked = msg.blocked
 
     def augmentable(self, cross: bool = True) -> bool:
         """A data holder with demand that could route one unit more by moving its own units (``cross``:
