@@ -30,6 +30,7 @@ from itertools import pairwise
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from gwtfp2p.config import FlowParams
 from gwtfp2p.flow import milp as oracle_milp
 from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
@@ -148,7 +149,7 @@ def own_units_only(instance, paths) -> int | None:
 def one_seed(seed: int, ticks: int) -> dict:
     instance = generate("tight", seed)
     best = max_flow_value(instance)
-    bus = MessageBus(instance, seed=seed)
+    bus = MessageBus(instance, seed=seed, params=FlowParams(augment=False))  # growth's own stops
     bus.run(max_ticks=ticks)
     paths = bus.routing()
     row = {"seed": seed, "holders": len(instance.data_holders), "stages": instance.n_stages,
@@ -169,7 +170,7 @@ def labels_check(bus: MessageBus, instance, best: int) -> dict:
     for _ in range(LABEL_TICKS):
         bus.step()
     paths = bus.routing()
-    sees = any(node.residual.augmentable() for node in bus.nodes.values())
+    sees = any(node.residual.augmentable(cross=False) for node in bus.nodes.values())
     own = own_units_only(instance, paths) if len(paths) < best else None
     return {"label_flow": len(paths), "labels_see_a_path": sees, "milp_sees_a_path": own is not None}
 
