@@ -84,6 +84,22 @@ class OutUnit:
 
 
 @dataclass
+class Pacing:
+    """When a periodic notice goes out: at most once per ``period`` ticks, and after ``keepalive``
+    periods even if it did not change (adverts, residual labels)."""
+
+    period: int
+    keepalive: int = 4
+    last_tick: int = -(10**9)
+
+    def due(self, now: int) -> bool:
+        return now - self.last_tick >= self.period
+
+    def stale(self, now: int) -> bool:
+        return now - self.last_tick >= self.keepalive * self.period
+
+
+@dataclass
 class Tombstone:
     """A forwarding address for a unit this node handed to a peer."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from gwtfp2p.flow.core import INF, InUnit, Neighbour, NodeCore, OutUnit
+from gwtfp2p.flow.core import INF, InUnit, Neighbour, NodeCore, OutUnit, Pacing
 from gwtfp2p.flow.messages import Accept, Advert, Reject, Request
 
 
@@ -33,19 +33,18 @@ class Adverts:
     def __init__(self, core: NodeCore) -> None:
         self.core = core
         self.last_sent: Advert | None = None
-        self.last_tick = -(10**9)
+        self.pacing = Pacing(core.params.advert_period_ticks)
 
     def tick(self) -> None:
         c = self.core
-        period = c.params.advert_period_ticks
-        if c.now - self.last_tick < period:
+        if not self.pacing.due(c.now):
             return
         advert = c.advert()
-        if self._same(advert, self.last_sent) and c.now - self.last_tick < 4 * period:
+        if self._same(advert, self.last_sent) and not self.pacing.stale(c.now):
             return
         for neighbour in c.prev_neighbours():
             c.send(neighbour.node_id, advert)
-        self.last_sent, self.last_tick = advert, c.now
+        self.last_sent, self.pacing.last_tick = advert, c.now
 
     @staticmethod
     def _same(a: Advert, b: Advert | None) -> bool:

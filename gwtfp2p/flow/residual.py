@@ -20,7 +20,7 @@ augmenting step (issue 15) will follow, and a local test that a holder's flow is
 
 from __future__ import annotations
 
-from gwtfp2p.flow.core import INF, NodeCore
+from gwtfp2p.flow.core import INF, NodeCore, Pacing
 from gwtfp2p.flow.messages import Residual
 
 HOP_LIMIT_PER_STAGE = 4  # hop limit = this × (stages + 1): a path may visit each stage a few times
@@ -108,19 +108,18 @@ class ResidualDistances:
         self.blocked: dict[str, tuple[int, int]] = {}
         self._seen: dict[str, tuple[int, int, int]] = {}  # sink -> (holder's tick, hops, our tick when it advanced)
         self.last_sent: tuple[Labels, ...] | None = None
-        self.last_tick = -(10**9)
+        self.pacing = Pacing(core.params.advert_period_ticks)
 
     def tick(self) -> None:
         c = self.core
-        period = c.params.advert_period_ticks
-        if c.now - self.last_tick < period:
+        if not self.pacing.due(c.now):
             return
         self.ins, self.outs = distances(c)
         self.xins, self.xouts = distances(c, cross=True)
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         labels = (self.ins, self.outs, self.xins, self.xouts, self.blocked)
-        if labels == self.last_sent and c.now - self.last_tick < 4 * period:
+        if labels == self.last_sent and not self.pacing.stale(c.now):
             return
         message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())),
                            tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())),
@@ -128,7 +127,7 @@ class ResidualDistances:
                            tuple(sorted(self.xouts.items())))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
             c.send(neighbour.node_id, message)
-        self.last_sent, self.last_tick = labels, c.now
+        self.last_sent, self.pacing.last_tick = labels, c.now
 
     def _blocked(self) -> dict[str, tuple[int, int]]:
         """Holders that want more, cannot grow and could by a step: sink -> (the holder's tick when it last
