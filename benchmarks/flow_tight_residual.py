@@ -73,7 +73,7 @@ def fewest_removed(instance, paths, target: int, only: str | None = None) -> tup
         extra_lo.append(float(x0.get((h, a, b), 0)))
         extra_hi.append(np.inf)
     objective = np.concatenate([np.zeros(n), np.ones(m)])
-    integrality = np.concatenate([np.zeros(n), np.zeros(m)])
+    integrality = np.zeros(n + m)
     integrality[:m] = 1
     upper = np.full(n + m, np.inf)
     upper[m:model.n_flow] = 1.0
@@ -90,12 +90,17 @@ def fewest_removed(instance, paths, target: int, only: str | None = None) -> tup
     return round(result.fun), np.round(result.x[:m]).astype(int), model.edges
 
 
+def edge_units(x: np.ndarray, edges) -> Counter:
+    """(holder, a, b) -> units of an integer program's routing on that edge."""
+    return Counter({(h, a, b): int(v) for (h, a, b, _), v in zip(edges, x, strict=True) if v > 0})
+
+
 def kept_chains(paths, x: np.ndarray, edges) -> int:
     """How many of the protocol's chains the new routing can keep whole (greedy over its edge units)."""
-    left = Counter({(h, a, b): int(v) for (h, a, b, _), v in zip(edges, x, strict=True) if v > 0})
+    left = edge_units(x, edges)
     kept = 0
     for path in paths:
-        need = Counter((path[0], a, b) for a, b in pairwise(path))
+        need = current_edges([path])
         if all(left[e] >= c for e, c in need.items()):
             left -= need
             kept += 1
@@ -104,7 +109,7 @@ def kept_chains(paths, x: np.ndarray, edges) -> int:
 
 def decompose(x: np.ndarray, edges) -> list[tuple[str, ...]]:
     """Complete chains of an edge-flow routing (a layered graph: follow units from each holder)."""
-    left = Counter({(h, a, b): int(v) for (h, a, b, _), v in zip(edges, x, strict=True) if v > 0})
+    left = edge_units(x, edges)
     nexts: dict[tuple[str, str], list[str]] = {}
     for h, a, b in sorted(left):
         nexts.setdefault((h, a), []).append(b)
