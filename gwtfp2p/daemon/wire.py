@@ -96,12 +96,15 @@ class StepNorm(BaseModel):
 
 class Redo(BaseModel):
     """Send me what you kept of ``iteration`` for ``stage`` whose replica is none of ``members`` (those its step
-    uses): the inputs you sent it whose gradient it returned, the gradients you sent it (tagged ``redo``)."""
+    uses): the inputs you sent it whose gradient it returned, the gradients you sent it (tagged ``redo``). With
+    ``microbatches``: what you kept of those, whichever replica did them (a part whose step lost nothing rebuilds
+    a half for its neighbour's redo, ``redo_chain``)."""
     model_config = _STRICT
     kind: Literal["redo"] = "redo"
     iteration: Iteration
     stage: Stage
     members: Annotated[tuple[PeerId, ...], Field(max_length=MAX_IDS)]
+    microbatches: Microbatches = ()
 
 
 class Redone(BaseModel):
@@ -114,7 +117,18 @@ class Redone(BaseModel):
     grads: Annotated[int, Field(ge=0, le=10**6)]
 
 
-Control = Member | MemberAnswer | Closed | PartNorm | StepNorm | Redo | Redone
+class Rebuild(BaseModel):
+    """Rebuild the outputs of ``microbatches`` of ``iteration`` that you (a replica of ``stage`` - 1) feed my
+    ``stage`` and push them up (``redo_chain``): the replica of yours that did them sent its sum and died, the
+    one of mine they went to died with its sum unsent, so no live neighbour kept them."""
+    model_config = _STRICT
+    kind: Literal["rebuild"] = "rebuild"
+    iteration: Iteration
+    stage: Stage
+    microbatches: Microbatches
+
+
+Control = Member | MemberAnswer | Closed | PartNorm | StepNorm | Redo | Redone | Rebuild
 
 
 class Lost(BaseModel):

@@ -152,6 +152,11 @@ class Outbox:
         return [(sender, kept) for _key, (sender, kept) in sorted(self.returned.items())
                 if sender not in members and kept.meta.microbatch.iteration == iteration]
 
+    def returned_of(self, keys: set[str], iteration: int) -> list[tuple[str, Kept]]:
+        """(who, output) for the outputs of ``iteration`` with these keys whose gradient came back, by key."""
+        return [(sender, kept) for key, (sender, kept) in sorted(self.returned.items())
+                if key in keys and kept.meta.microbatch.iteration == iteration]
+
     def drop(self, keys: list[str]) -> None:
         gone = set(keys)
         self.table.drop(lambda k, _e: k not in gone)

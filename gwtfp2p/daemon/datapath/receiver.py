@@ -69,6 +69,12 @@ class HopTable:
         return [r for _key, r in sorted(every.items())
                 if r.prev not in members and r.grad is not None and r.meta.microbatch.iteration == iteration]
 
+    def sent_of(self, keys: set[str], iteration: int) -> list[HopRecord]:
+        """The records of ``iteration`` with these keys whose gradient went back, by key."""
+        every = {**self.stepped, **self.records}
+        return [r for key, r in sorted(every.items())
+                if key in keys and r.grad is not None and r.meta.microbatch.iteration == iteration]
+
     def of_holder(self, data_holder: str) -> list[str]:
         return [k for k, r in self.records.items() if r.meta.microbatch.data_holder == data_holder]
 

@@ -34,12 +34,13 @@ from gwtfp2p.daemon.config import Timings
 from gwtfp2p.daemon.datapath.outbox import Outbox
 from gwtfp2p.daemon.datapath.receiver import HopTable
 from gwtfp2p.daemon.datapath.redo_chain import CHAIN_TAG, REDO_TAG, Chain, Halves, TensorSender
+from gwtfp2p.daemon.datapath.redo_serve import Serving
 from gwtfp2p.daemon.events import Events
 from gwtfp2p.daemon.swarm.view import SwarmView
 from gwtfp2p.daemon.tasks import Background
-from gwtfp2p.daemon.wire import Redo, Redone, encode_control
+from gwtfp2p.daemon.wire import MAX_MICROBATCHES, Rebuild, Redo, Redone, encode_control
 from gwtfp2p.model.aggregate import GradContribution
-from gwtfp2p.transport import Ack, TransferMeta, TransportError
+from gwtfp2p.transport import Ack, MicrobatchId, TransferMeta, TransportError
 
 logger = logging.getLogger(__name__)
 REDONE_ORIGIN = "redone"  # the redone sum's name among the step's contributions (no peer id looks like it)
@@ -90,9 +91,15 @@ class LostWork:
         self.events, self.timings, self.clock = events, timings, clock
         self.background = Background("redo")
         self._asked: dict[int, _Asked] = {}
-        self.chain = None if executor is None else Chain(
-            self_id, stage, n_stages, executor=executor, sender=sender, view=view, is_dead=is_dead, compute=compute,
-            aggregating=lambda: state.iteration, swarm_microbatches=swarm_microbatches, clock=clock)
+        self.chain = self.serving = None
+        if executor is not None:
+            self.chain = Chain(self_id, stage, n_stages, executor=executor, sender=sender, view=view, is_dead=is_dead,
+                               compute=compute, aggregating=lambda: state.iteration,
+                               swarm_microbatches=swarm_microbatches, clock=clock, ask_down=self._ask_rebuild)
+            self.serving = Serving(stage, chain=self.chain, executor=executor, compute=compute, collect=self._collect,
+                                   aggregating=lambda: state.iteration, background=self.background,
+                                   max_asked=lambda t: swarm_microbatches(t) or MAX_MICROBATCHES)
+            self.chain.on_input = self.serving.poke
 
     # -- a neighbour: answering -------------------------------------------------------------------
     def on_ask(self, sender: str, ask: Redo) -> None:
@@ -103,19 +110,19 @@ class LostWork:
         self.background.spawn(self._answer(sender, ask), f"redo for {sender}")
 
     async def _answer(self, sender: str, ask: Redo) -> None:
-        t, members = ask.iteration, set(ask.members)
-        inputs = ([(whose, k.meta, k.output) for whose, k in self.outbox.returned_by_others(members, t)]
-                  if ask.stage == self.inputs_to else [])
-        grads = ([(r.prev, r.meta, r.grad) for r in self.hops.sent_to_others(members, t)]
-                 if ask.stage == self.grads_to else [])
-        sent = {}
+        t, members, keys = ask.iteration, set(ask.members), {m.key for m in ask.microbatches}
+        returned = self.outbox.returned_of(keys, t) if keys else self.outbox.returned_by_others(members, t)
+        sent = self.hops.sent_of(keys, t) if keys else self.hops.sent_to_others(members, t)
+        inputs = [(whose, k.meta, k.output) for whose, k in returned] if ask.stage == self.inputs_to else []
+        grads = [(r.prev, r.meta, r.grad) for r in sent] if ask.stage == self.grads_to else []
+        went = {}
         for kind, items in (("forward", inputs), ("backward", grads)):
             acks = await asyncio.gather(*(
                 self.sender.send(kind, sender, TransferMeta(microbatch=meta.microbatch, stage=ask.stage,
                                                             tags={REDO_TAG: whose}), tensor)
                 for whose, meta, tensor in items))
-            sent[kind] = sum(1 for ack in acks if ack is not None and ack.accepted)
-        done = Redone(iteration=t, stage=ask.stage, inputs=sent["forward"], grads=sent["backward"])
+            went[kind] = sum(1 for ack in acks if ack is not None and ack.accepted)
+        done = Redone(iteration=t, stage=ask.stage, inputs=went["forward"], grads=went["backward"])
         with contextlib.suppress(TransportError):
             await self.transport.send_flow(sender, encode_control(done), timeout_s=self.timings.message_timeout_s)
 
@@ -138,6 +145,24 @@ class LostWork:
             asked.waiting.discard(sender)
             asked.changed.set()
 
+    def on_rebuild(self, sender: str, ask: Rebuild) -> None:
+        """The stage above redoes and lacks inputs a dead replica of ours computed (``redo_serve``)."""
+        record = self.view.seen.get(sender)
+        if self.serving is None or record is None or record.role != "relay" or ask.stage != self.stage + 1 \
+                or record.stage != ask.stage:
+            logger.info("rebuild request from %s refused: we feed no stage %d it serves", sender, ask.stage)
+            return
+        self.serving.on_rebuild(ask.iteration, ask.microbatches)
+
+    async def _ask_rebuild(self, t: int, ids: tuple[MicrobatchId, ...]) -> None:
+        """Ask the stage below to rebuild the inputs of ``ids`` (their replica there sent its sum and died)."""
+        payload = encode_control(Rebuild(iteration=t, stage=self.stage, microbatches=ids[:MAX_MICROBATCHES]))
+        peers = sorted(r.peer_id for r in self.view.by_stage(self.stage - 1)
+                       if r.role == "relay" and not self.is_dead(r.peer_id))
+        for peer in peers:
+            with contextlib.suppress(TransportError):
+                await self.transport.send_flow(peer, payload, timeout_s=self.timings.message_timeout_s)
+
     def _wanted(self, gathered: Gathered) -> int | None:
         """How many microbatches the step leaves out: fewer agreed than the data holders closed the iteration
         with (the same answer on every member); None where that number is not known (then: redo if a member
@@ -154,6 +179,7 @@ class LostWork:
             if gathered.lost:
                 logger.info("stage %d iteration %d: %s left out of the step, no microbatch missing: nothing to "
                             "redo", self.stage, gathered.iteration, sorted(gathered.lost))
+            self.serving.open(gathered.iteration, gathered.members)
             return gathered
         started, t = self.clock(), gathered.iteration
         try:
@@ -162,6 +188,7 @@ class LostWork:
                 await self.chain.fill(t, halves, wanted, self.clock() + self.timings.redo_timeout_s)
         finally:
             self.chain.forget(t)
+        self.serving.open(t, gathered.members)  # halves the neighbours' redo wants of us, from now on
         counted = self.counted_holders(t)
         keys = [k for k in halves.complete() if counted is None or halves.ids[k].data_holder in counted]
         if wanted is None or len(keys) < wanted:
@@ -185,16 +212,19 @@ class LostWork:
                          extra_s=round(self.clock() - started, 4))
         return await self._reduce_again(gathered, Received(redone, {}), whose)
 
-    async def _collect(self, t: int, members: tuple[str, ...]) -> tuple[Halves, list[str]]:
-        """Ask the neighbours for the work of ``t`` done by none of ``members``: what they kept of it (by key,
-        with whose work it was) and the neighbours that did not answer within ``redo_timeout_s``."""
+    async def _collect(self, t: int, members: tuple[str, ...], microbatches: tuple[MicrobatchId, ...] = (),
+                       side: str = "both") -> tuple[Halves, list[str]]:
+        """Ask the neighbours (``side``: "below", "above" or "both") for the work of ``t`` done by none of
+        ``members`` (or for ``microbatches``, whoever did them): what they kept of it (by key, with whose work it
+        was) and the neighbours that did not answer within ``redo_timeout_s``."""
         below = 0 if self.stage == 1 else self.stage - 1
         above = 0 if self.stage == self.n_stages else self.stage + 1
-        peers = {r.peer_id for s in (below, above) for r in self.view.by_stage(s)
+        stages = {"below": (below,), "above": (above,), "both": (below, above)}[side]
+        peers = {r.peer_id for s in stages for r in self.view.by_stage(s)
                  if r.state != "joining" and not self.is_dead(r.peer_id)} - {self.self_id}
         asked = self._asked[t] = _Asked(peers)  # a joiner holds nothing of ``t`` (and answers nothing yet)
         try:
-            payload = encode_control(Redo(iteration=t, stage=self.stage, members=members))
+            payload = encode_control(Redo(iteration=t, stage=self.stage, members=members, microbatches=microbatches))
             await asyncio.gather(*(self._ask(asked, p, payload) for p in sorted(peers)))
             deadline = self.clock() + self.timings.redo_timeout_s
             while asked.waiting and self.clock() < deadline:

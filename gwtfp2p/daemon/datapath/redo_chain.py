@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -74,12 +74,15 @@ class Chain:
     def __init__(self, self_id: str, stage: int, n_stages: int, *, executor: Recomputing, sender: TensorSender,
                  view: SwarmView, is_dead: Callable[[str], bool], compute: ComputeThread,
                  aggregating: Callable[[], int], swarm_microbatches: Callable[[int], int | None],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 ask_down: Callable[[int, tuple[MicrobatchId, ...]], Awaitable[None]] | None = None) -> None:
         self.self_id, self.stage, self.n_stages = self_id, stage, n_stages
         self.executor, self.sender, self.view, self.is_dead = executor, sender, view, is_dead
         self.compute, self.aggregating, self.swarm_microbatches = compute, aggregating, swarm_microbatches
-        self.clock = clock
+        self.clock, self.ask_down = clock, ask_down  # ask_down(t, ids): the stage below, to rebuild these inputs
+        self.on_input: Callable[[int], None] = lambda _t: None  # a rebuilt input of ``t`` came (``redo_serve``)
         self._came: dict[int, Halves] = {}  # rebuilt halves by iteration, until that iteration's redo takes them
+        self._pushed: dict[int, set[str]] = {}  # keys whose output we rebuilt and pushed up, by iteration
 
     def on_tensor(self, sender: str, kind: str, meta: TransferMeta, tensor: torch.Tensor) -> Ack:
         """A rebuilt input (``forward``, from stage - 1) or input gradient (``backward``, from stage + 1)."""
@@ -96,28 +99,36 @@ class Chain:
         if len(came) >= 2 * (self.swarm_microbatches(t) or MAX_HALVES):
             return Ack(accepted=False, reason=f"more chained redo tensors than iteration {t} has microbatches")
         came.add(kind, meta, tensor, "")
+        if kind == "forward":
+            self.on_input(t)
         return Ack()
 
     async def fill(self, t: int, halves: Halves, wanted: int | None, deadline: float) -> None:
         """Complete ``halves`` with rebuilt ones until ``wanted`` microbatches have both (None: until none lacks
         one) or ``deadline``, pushing each input that has no gradient up (recomputed) as it comes."""
         came = self._came.setdefault(t, Halves())
-        pushed: set[str] = set()
+        pushed, asked = self._pushed.setdefault(t, set()), set()
         while True:
             came.changed.clear()
             _merge(came, halves)
             lacking = halves.inputs.keys() ^ halves.grads.keys()
             up = sorted(k for k in lacking - pushed if k in halves.inputs) if self.stage < self.n_stages else []
             if up:
-                pushed.update(up)
-                await self._push_up(t, halves, up)
+                await self.push_up(t, halves, up)
+            down = sorted(k for k in lacking - asked if k in halves.grads) if self.stage > 1 else []
+            if down and self.ask_down is not None:  # their replica below sent its sum: its stage does not redo
+                asked.update(down)
+                await self.ask_down(t, tuple(halves.ids[k] for k in down))
             done = len(halves.complete())
             if (done >= wanted if wanted is not None else not lacking) or self.clock() >= deadline:
                 return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(came.changed.wait(), deadline - self.clock())
 
-    async def _push_up(self, t: int, halves: Halves, keys: list[str]) -> None:
+    async def push_up(self, t: int, halves: Halves, keys: list[str]) -> None:
+        """The outputs of ``keys`` recomputed from their inputs in ``halves``, to stage + 1's replicas."""
+        self._pushed.setdefault(t, set()).update(keys)
+        self._pushed = {i: k for i, k in self._pushed.items() if i >= t - 1}
         executor, inputs = self.executor, halves.inputs
         outputs = await self.compute.run(lambda: [executor.recompute(k, inputs[k]) for k in keys])
         await self._send("forward", self.stage + 1, halves, dict(zip(keys, outputs, strict=True)))
@@ -144,6 +155,14 @@ class Chain:
     def came_for(self, t: int) -> bool:
         """Whether a rebuilt half of ``t`` came already (this replica is inside a longer chain)."""
         return bool(self._came.get(t))
+
+    def pushed(self, t: int) -> set[str]:
+        """The keys of ``t`` whose output we rebuilt and pushed up."""
+        return set(self._pushed.get(t, ()))
+
+    def came(self, t: int) -> Halves:
+        """The rebuilt halves of ``t`` that came (empty if none)."""
+        return self._came.get(t) or Halves()
 
     def forget(self, t: int) -> None:
         self._came.pop(t, None)

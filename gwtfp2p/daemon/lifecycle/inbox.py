@@ -43,6 +43,7 @@ from gwtfp2p.daemon.wire import (
     Member,
     MemberAnswer,
     PartNorm,
+    Rebuild,
     Redo,
     Redone,
     StepNorm,
@@ -183,6 +184,8 @@ class Inbox:
             serving.redo.on_ask(sender, decoded)
         elif isinstance(decoded, Redone) and serving.redo is not None:
             serving.redo.on_done(sender, decoded)
+        elif isinstance(decoded, Rebuild) and serving.redo is not None:
+            serving.redo.on_rebuild(sender, decoded)
         elif isinstance(decoded, Lost) and guard is not None and not guard.knows(sender):  # a stranger's claim
             self.background.spawn(self._claim(guard, sender, (decoded.lost,), "Lost",
                                               serving.recovery.on_message(sender, decoded)), f"Lost from {sender}")

@@ -22,7 +22,7 @@ from gwtfp2p.daemon.datapath.kept import Kept
 from gwtfp2p.daemon.datapath.receiver import HopRecord, HopTable
 from gwtfp2p.daemon.datapath.redo import LostWork
 from gwtfp2p.daemon.events import Events
-from gwtfp2p.daemon.wire import Redo, Redone, decode_payload
+from gwtfp2p.daemon.wire import Rebuild, Redo, Redone, decode_payload
 from gwtfp2p.model.aggregate import GradContribution
 from gwtfp2p.transport import Ack, MicrobatchId, TransferMeta, TransportError
 from tests.unit.daemon.test_aggregation_joiners import FakeCompute, FakePart
@@ -64,6 +64,11 @@ class Outputs:
         return sorted(((peer, k) for peer, ks in self.kept.items() if peer not in members for k in ks
                        if k.meta.microbatch.iteration == iteration), key=lambda e: e[1].meta.microbatch.key)
 
+    def returned_of(self, keys: set[str], iteration: int) -> list[tuple[str, Kept]]:
+        return sorted(((peer, k) for peer, ks in self.kept.items() for k in ks
+                       if k.meta.microbatch.key in keys and k.meta.microbatch.iteration == iteration),
+                      key=lambda e: e[1].meta.microbatch.key)
+
 
 class Net:
     def __init__(self) -> None:
@@ -87,6 +92,8 @@ class Net:
                     net.nodes[peer].on_ask(me, message)
                 elif isinstance(message, Redone):
                     net.nodes[peer].on_done(me, message)
+                elif isinstance(message, Rebuild):
+                    net.nodes[peer].on_rebuild(me, message)
 
         return Sender()
 

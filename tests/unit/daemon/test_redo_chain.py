@@ -101,6 +101,55 @@ def test_the_survivors_rebuild_the_halves_a_dead_pair_took_along() -> None:
     assert (r1.count, r1.dropped, r2.count, r2.dropped) == (4, (), 4, ())
 
 
+def with_theirs(me: str, dead: str) -> Gathered:
+    """``me``'s step with the dead replica's sum in it (it reached ``me`` before it died): nothing lost."""
+    own = Received(WireContribution(me, torch.tensor([1, 1, 1]), 2, 10), {})
+    theirs = Received(WireContribution(dead, torch.tensor([2, 2, 2]), 2, 10), {})
+    return Gathered(T, tuple(sorted((me, dead))), {me: {}, dead: {}}, torch.zeros(3), 4, 0.0, "fast", (), 0.0,
+                    (own, theirs), ())
+
+
+def test_a_stage_whose_step_lost_nothing_serves_the_input_rebuilt_for_it() -> None:
+    """L2's sum reached S2 before L2 died, L1's died with it: S2's step lost nothing, S1 redoes microbatches 0
+    and 1. Microbatch 0's gradient went to L2, so S1 rebuilds its output and pushes it up; S2 asks the data
+    holder for that microbatch's gradient by key (it went to L2, a member), redoes it for the input gradient
+    alone and pushes that down. S2's own step is untouched (the churn demo's seed 1 at 19e29e5 lost this)."""
+    net = Net()
+    s1, s2, e1, e2 = swarm(net, {L1, L2})
+    whole = with_theirs(S2, L2)
+    started = time.monotonic()
+
+    async def steps() -> tuple[Gathered, Gathered]:
+        return await asyncio.gather(s1.complete(gathered(S1, L1)), s2.complete(whole))
+
+    r1, r2 = asyncio.run(steps())
+    assert time.monotonic() - started < 1.0  # the gradient came: no deadline waited out
+    assert r2 is whole and e2.calls == [[mb(0).key]]
+    assert torch.equal(e2.items[mb(0).key][1], torch.full((1, 1, 3), 0.5))  # the gradient the data holder sent L2
+    assert e1.calls == [[mb(0).key, mb(1).key]] and r1.count == 4 and r1.dropped == ()
+    assert torch.equal(e1.items[mb(0).key][1], 3 * torch.full((1, 1, 3), 0.5))
+
+
+def test_a_stage_whose_step_lost_nothing_rebuilds_the_inputs_asked_of_it() -> None:
+    """L1's sum reached S1 before L1 died, L2's died with it: S1's step lost nothing, S2 redoes microbatches 0
+    and 2. Microbatch 0's input came from L1, so S2 asks stage 1 to rebuild it (``Rebuild``); S1 asks the data
+    holder for its input by key, recomputes the output and pushes it up; S2 redoes both."""
+    net = Net()
+    s1, s2, e1, e2 = swarm(net, {L1, L2})
+    whole = with_theirs(S1, L1)
+
+    async def steps() -> tuple[Gathered, Gathered]:
+        return await asyncio.gather(s1.complete(whole), s2.complete(gathered(S2, L2)))
+
+    started = time.monotonic()
+    r1, r2 = asyncio.run(steps())
+    assert time.monotonic() - started < 1.0  # the input came: no deadline waited out
+    assert r1 is whole and e1.calls == []
+    assert e2.calls == [[mb(0).key, mb(2).key]] and r2.count == 4 and r2.dropped == ()
+    x2, g2 = e2.items[mb(0).key]  # S1's recomputation of the input the data holder sent L1
+    assert torch.equal(x2, 2 * torch.full((1, 1, 3), 1.0)) and torch.equal(g2, torch.full((1, 1, 3), 0.5))
+
+
 def test_neighbours_dead_but_not_yet_known_dead_are_not_waited_for() -> None:
     """The victims died a moment ago: nobody has found them dead yet, so the survivors ask them too; a request
     that cannot be delivered is no answer to wait for (the redo is done at once, not after ``redo_timeout_s``)."""
