@@ -262,15 +262,15 @@ class Mallory:
         return {name: await self.send("forward", peer, meta, tensor) for name, tensor in bad.items()}
 
     async def backward_spray(self, peer: str, holder: str, iteration: int, seconds: float,
-                             until: str) -> dict[str, Any]:
-        """Gradients for the microbatches the peer may hold now (iterations from ``iteration`` on), from
+                             until: str, span: int = 40) -> dict[str, Any]:
+        """Gradients for the microbatches the peer may hold now (``span`` iterations from ``iteration`` on), from
         someone it never sent them to, until a refusal says ``until`` (or ``seconds`` pass)."""
         loop, seen = asyncio.get_running_loop(), {"accepted": 0, "refused": 0, "until_seen": False}
         deadline = loop.time() + seconds
         _, spec = await self.run()
         shape = (spec.microbatch_size, spec.seq_len, build_part(spec, 1, "cpu").module.config.hidden_size)
         while loop.time() < deadline and not seen["until_seen"]:
-            for t in range(iteration, iteration + 40):
+            for t in range(iteration, iteration + span):
                 for index in range(spec.microbatches_per_dh):
                     meta = TransferMeta(microbatch=MicrobatchId(data_holder=holder, iteration=t, index=index),
                                         stage=1, path=(holder, peer))
