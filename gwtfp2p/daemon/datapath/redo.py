@@ -33,18 +33,16 @@ from gwtfp2p.daemon.compute import ComputeThread
 from gwtfp2p.daemon.config import Timings
 from gwtfp2p.daemon.datapath.outbox import Outbox
 from gwtfp2p.daemon.datapath.receiver import HopTable
-from gwtfp2p.daemon.datapath.redo_chain import CHAIN_TAG, REDO_TAG, Chain, Halves, TensorSender
+from gwtfp2p.daemon.datapath.redo_chain import CHAIN_TAG, REDO_TAG, Chain, Halves, Redoable, TensorSender
 from gwtfp2p.daemon.datapath.redo_serve import Serving
 from gwtfp2p.daemon.events import Events
 from gwtfp2p.daemon.swarm.view import SwarmView
 from gwtfp2p.daemon.tasks import Background
 from gwtfp2p.daemon.wire import MAX_MICROBATCHES, Rebuild, Redo, Redone, encode_control
-from gwtfp2p.model.aggregate import GradContribution
 from gwtfp2p.transport import Ack, MicrobatchId, TransferMeta, TransportError
 
 logger = logging.getLogger(__name__)
 REDONE_ORIGIN = "redone"  # the redone sum's name among the step's contributions (no peer id looks like it)
-Item = tuple[str, torch.Tensor, torch.Tensor]  # (microbatch key, the stage's input, its output's gradient)
 
 
 def is_redo(meta: TransferMeta) -> bool:
@@ -53,12 +51,6 @@ def is_redo(meta: TransferMeta) -> bool:
 
 class ControlSender(Protocol):
     async def send_flow(self, peer: str, payload: bytes, *, timeout_s: float) -> None: ...
-
-
-class Redoable(Protocol):
-    def redo(self, origin: str, items: list[Item]) -> tuple[GradContribution, dict[str, torch.Tensor]]: ...
-
-    def recompute(self, mb_id: str, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass

@@ -23,16 +23,25 @@ import torch
 
 from gwtfp2p.daemon.compute import ComputeThread
 from gwtfp2p.daemon.swarm.view import SwarmView
+from gwtfp2p.model.aggregate import GradContribution
 from gwtfp2p.transport import Ack, MicrobatchId, TransferMeta
 
 logger = logging.getLogger(__name__)
 CHAIN_TAG = "chain"  # on a redo tensor a survivor of the neighbouring stage rebuilt (not a kept one)
 REDO_TAG = "redo"  # on a forward (an input) or backward (a gradient): the replica whose work it was
+Item = tuple[str, torch.Tensor, torch.Tensor]  # (microbatch key, the stage's input, its output's gradient)
 MAX_HALVES = 4096  # halves buffered per iteration when the iteration's microbatch count is not known
 
 
 class Recomputing(Protocol):
     def recompute(self, mb_id: str, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class Redoable(Recomputing, Protocol):
+    """A stage's executor as the redo uses it (``StageExecutor``): ``items`` are (microbatch key, the stage's
+    input, its output's gradient)."""
+
+    def redo(self, origin: str, items: list[Item]) -> tuple[GradContribution, dict[str, torch.Tensor]]: ...
 
 
 class TensorSender(Protocol):

@@ -19,22 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
-
-import torch
 
 from gwtfp2p.daemon.compute import ComputeThread
-from gwtfp2p.daemon.datapath.redo_chain import Chain, Halves
+from gwtfp2p.daemon.datapath.redo_chain import Chain, Halves, Redoable
 from gwtfp2p.daemon.tasks import Background
 from gwtfp2p.transport import MicrobatchId
 
 logger = logging.getLogger(__name__)
 SERVED_ORIGIN = "served"  # the throwaway sum of a served redo (only its input gradients are used)
 Collect = Callable[[int, tuple[str, ...], tuple[MicrobatchId, ...], str], Awaitable[tuple[Halves, list[str]]]]
-
-
-class Redoable(Protocol):
-    def redo(self, origin: str, items: list[tuple[str, torch.Tensor, torch.Tensor]]) -> tuple[object, dict]: ...
 
 
 class Serving:
