@@ -87,8 +87,8 @@ class MessageBus:
             other = self.specs[other_id]
             cost = self.edge_costs.get(edge_key(spec.node_id, other_id))
             if cost is not None or other.stage == spec.stage:
-                self._deliver_all(spec.node_id, node.add_neighbour(other_id, other.stage, cost, self.now))
-                self._deliver_all(other_id, self.nodes[other_id].add_neighbour(
+                self.send(spec.node_id, node.add_neighbour(other_id, other.stage, cost, self.now))
+                self.send(other_id, self.nodes[other_id].add_neighbour(
                     spec.node_id, spec.stage, cost, self.now))
 
     def remove_node(self, node_id: str) -> None:
@@ -98,12 +98,13 @@ class MessageBus:
         for other_id in sorted(self.nodes):
             node = self.nodes[other_id]
             if node_id in node.core.neighbours:
-                self._deliver_all(other_id, node.lose_neighbour(node_id, self.now))
+                self.send(other_id, node.lose_neighbour(node_id, self.now))
                 self.lost_signalled[other_id].add(node_id)
         self.lost_signalled.pop(node_id, None)
 
     # -- message flow ----------------------------------------------------------------------------
-    def _deliver_all(self, src: str, envelopes: list[Envelope]) -> None:
+    def send(self, src: str, envelopes: list[Envelope]) -> None:
+        """Every message a node sends passes here (a test or benchmark may override it to count or drop some)."""
         for envelope in envelopes:
             self.messages += 1
             if self.network.loss and self.rng.random() < self.network.loss:
@@ -128,9 +129,9 @@ class MessageBus:
             _, _, _src, envelope = heapq.heappop(self._queue)
             node = self.nodes.get(envelope.dst)
             if node is not None:
-                self._deliver_all(envelope.dst, node.on_message(envelope.message, self.now))
+                self.send(envelope.dst, node.on_message(envelope.message, self.now))
         for node_id in sorted(self.nodes):
-            self._deliver_all(node_id, self.nodes[node_id].on_tick(self.now))
+            self.send(node_id, self.nodes[node_id].on_tick(self.now))
         if self.check_every_tick:
             snap = self.check()
             self.violations += [f"tick {self.now}: {v}" for v in snap.violations]

@@ -8,6 +8,8 @@ answers with the new holder's address (its tombstone) instead of cancelling it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gwtfp2p.flow.core import InUnit, NodeCore, OutUnit
 from gwtfp2p.flow.messages import Cancel, Moved, MovedEntry, PushBack, Refresh
 
@@ -34,26 +36,26 @@ class SoftState:
         it is dropped only after a second TTL with no refresh. Under message loss a working unit is not torn
         down for a few lost refreshes; a neighbour that is gone is dropped by ``lose_neighbour``."""
         c = self.core
-        ttl = c.params.soft_state_ttl_ticks
-        for in_id in sorted(i for i, u in c.ins.items() if c.now - u.refreshed > ttl):
-            unit = c.ins.get(in_id)  # an earlier drop may have cascaded to it
-            if unit is not None and self._due(unit, ttl):
-                c.drop_in(in_id, push_back=False)
-            elif unit is not None and unit.probed < unit.refreshed:
-                unit.probed = c.now
-                c.mark_backward(in_id)
-        for out_id in sorted(o for o, u in c.outs.items() if u.confirmed and c.now - u.refreshed > ttl):
-            out = c.outs.get(out_id)
-            if out is not None and self._due(out, ttl):
-                c.drop_out(out_id, cancel=True)
-            elif out is not None and out.probed < out.refreshed:
-                out.probed = c.now
-                c.mark_forward(out_id)
+        self._expire_late(c.ins, lambda _u: True, lambda i: c.drop_in(i, push_back=False), c.mark_backward)
+        self._expire_late(c.outs, lambda u: u.confirmed, lambda o: c.drop_out(o, cancel=True), c.mark_forward)
         for unit in c.ins.values():
             if unit.awaiting is not None and c.now >= unit.awaiting_until:
                 unit.awaiting, unit.unmatched_since = None, c.now
         for edge_id in [e for e, t in c.tombstones.items() if t.expires <= c.now]:
             del c.tombstones[edge_id]
+
+    def _expire_late(self, table: dict, live: Callable, drop: Callable[[str], None],
+                     ask: Callable[[str], None]) -> None:
+        """For each ``live`` unit of ``table`` late by a TTL: ``drop`` it when already asked, else ``ask``."""
+        c = self.core
+        ttl = c.params.soft_state_ttl_ticks
+        for key in sorted(k for k, u in table.items() if live(u) and c.now - u.refreshed > ttl):
+            unit = table.get(key)  # an earlier drop may have cascaded to it
+            if unit is not None and self._due(unit, ttl):
+                drop(key)
+            elif unit is not None and unit.probed < unit.refreshed:
+                unit.probed = c.now
+                ask(key)
 
     def _due(self, unit: InUnit | OutUnit, ttl: int) -> bool:
         """Asked for a refresh (after the one it last had) and a TTL went by since without one."""

@@ -146,16 +146,11 @@ class Outbox:
     def get(self, key: str) -> Kept | None:
         return self.table.get(key)
 
-    def returned_by_others(self, members: set[str], iteration: int) -> list[tuple[str, Kept]]:
-        """(who, output) for the outputs of ``iteration`` whose gradient came back from none of ``members``
-        (work whose contribution a step leaves out, ``redo``), by key."""
-        return [(sender, kept) for _key, (sender, kept) in sorted(self.returned.items())
-                if sender not in members and kept.meta.microbatch.iteration == iteration]
-
-    def returned_of(self, keys: set[str], iteration: int) -> list[tuple[str, Kept]]:
-        """(who, output) for the outputs of ``iteration`` with these keys whose gradient came back, by key."""
+    def returned_where(self, iteration: int, keep: Callable[[str, str], bool]) -> list[tuple[str, Kept]]:
+        """(who, output) for the outputs of ``iteration`` whose gradient came back and ``keep(key, who)``
+        holds, by key (``redo``: the work a step left out, or the keys a neighbour asks for)."""
         return [(sender, kept) for key, (sender, kept) in sorted(self.returned.items())
-                if key in keys and kept.meta.microbatch.iteration == iteration]
+                if kept.meta.microbatch.iteration == iteration and keep(key, sender)]
 
     def drop(self, keys: list[str]) -> None:
         gone = set(keys)

@@ -10,7 +10,7 @@ recompute here). A gradient that cannot reach the previous hop is reported upstr
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,7 +46,7 @@ class HopTable:
 
     def __init__(self) -> None:
         self.records: dict[str, HopRecord] = {}
-        # the done records of the iteration dropped last, for redo requests only (``sent_to_others``): a slower
+        # the done records of the iteration dropped last, for redo requests only (``sent_where``): a slower
         # replica of the next stage may ask after this part stepped (the stage's norm came from a faster one)
         self.stepped: dict[str, HopRecord] = {}
 
@@ -63,17 +63,12 @@ class HopTable:
         """Of ``mbs``, those held here with ``lost`` on their recorded path (the answer to ``Where``)."""
         return [mb for mb in mbs if (r := self.records.get(mb.key)) is not None and lost in r.meta.path]
 
-    def sent_to_others(self, members: set[str], iteration: int) -> list[HopRecord]:
-        """The records of ``iteration`` whose gradient went to none of ``members`` (``redo``), by key."""
-        every = {**self.stepped, **self.records}
-        return [r for _key, r in sorted(every.items())
-                if r.prev not in members and r.grad is not None and r.meta.microbatch.iteration == iteration]
-
-    def sent_of(self, keys: set[str], iteration: int) -> list[HopRecord]:
-        """The records of ``iteration`` with these keys whose gradient went back, by key."""
+    def sent_where(self, iteration: int, keep: Callable[[str, str], bool]) -> list[HopRecord]:
+        """The records of ``iteration`` whose gradient went back to ``prev`` with ``keep(key, prev)``, by key
+        (``redo``); the iteration dropped last is still asked here."""
         every = {**self.stepped, **self.records}
         return [r for key, r in sorted(every.items())
-                if key in keys and r.grad is not None and r.meta.microbatch.iteration == iteration]
+                if r.grad is not None and r.meta.microbatch.iteration == iteration and keep(key, r.prev)]
 
     def of_holder(self, data_holder: str) -> list[str]:
         return [k for k, r in self.records.items() if r.meta.microbatch.data_holder == data_holder]

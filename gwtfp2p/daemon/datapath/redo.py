@@ -4,8 +4,8 @@ A replica that dies after its backwards and before its part's aggregation takes 
 the agreement leaves it out. Every member sees that alike: fewer microbatches agreed than the data holders
 closed the iteration with. What the replica computed from is still held by its neighbours, whose step waits
 for this part's norm (global clipping): the stage below (or the data holder's head) keeps every output whose
-gradient came back, with who sent it (``Outbox.returned_by_others``); the stage above (or the data holder's
-tail) every gradient it sent, with where (``HopTable.sent_to_others``). Each member asks them for the work of
+gradient came back, with who sent it (``Outbox.returned_where``); the stage above (or the data holder's
+tail) every gradient it sent, with where (``HopTable.sent_where``). Each member asks them for the work of
 replicas outside the step's members (``wire.Redo``); they send the inputs as forwards and the gradients as
 backwards (each in the run's codec for its kind: the bytes the replica decoded) tagged ``redo``, then
 ``wire.Redone``. The member recomputes every microbatch it got both halves of (``StageExecutor.redo``: the
@@ -103,8 +103,10 @@ class LostWork:
 
     async def _answer(self, sender: str, ask: Redo) -> None:
         t, members, keys = ask.iteration, set(ask.members), {m.key for m in ask.microbatches}
-        returned = self.outbox.returned_of(keys, t) if keys else self.outbox.returned_by_others(members, t)
-        sent = self.hops.sent_of(keys, t) if keys else self.hops.sent_to_others(members, t)
+        def keep(key: str, who: str) -> bool:  # the keys asked for, else all that went to none of the members
+            return key in keys if keys else who not in members
+
+        returned, sent = self.outbox.returned_where(t, keep), self.hops.sent_where(t, keep)
         inputs = [(whose, k.meta, k.output) for whose, k in returned] if ask.stage == self.inputs_to else []
         grads = [(r.prev, r.meta, r.grad) for r in sent] if ask.stage == self.grads_to else []
         went = {}

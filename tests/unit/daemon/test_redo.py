@@ -55,18 +55,14 @@ class FakeExecutor:
 
 
 class Outputs:
-    """The data holder's kept outputs whose gradient came back, by who sent it (``Outbox.returned_by_others``)."""
+    """The data holder's kept outputs whose gradient came back, by who sent it (``Outbox.returned_where``)."""
 
     def __init__(self, kept: dict[str, list[Kept]]) -> None:
         self.kept = kept
 
-    def returned_by_others(self, members: set[str], iteration: int) -> list[tuple[str, Kept]]:
-        return sorted(((peer, k) for peer, ks in self.kept.items() if peer not in members for k in ks
-                       if k.meta.microbatch.iteration == iteration), key=lambda e: e[1].meta.microbatch.key)
-
-    def returned_of(self, keys: set[str], iteration: int) -> list[tuple[str, Kept]]:
+    def returned_where(self, iteration: int, keep) -> list[tuple[str, Kept]]:
         return sorted(((peer, k) for peer, ks in self.kept.items() for k in ks
-                       if k.meta.microbatch.key in keys and k.meta.microbatch.iteration == iteration),
+                       if k.meta.microbatch.iteration == iteration and keep(k.meta.microbatch.key, peer)),
                       key=lambda e: e[1].meta.microbatch.key)
 
 
@@ -169,7 +165,7 @@ def test_a_survivor_that_asks_after_the_neighbour_moved_on_still_gets_the_gradie
     result = asyncio.run(survivor.complete(gathered()))
     assert executor.calls == [[mb(0).key, mb(2).key]] and result.count == 4
     tails.drop_through(T + 1)  # its next step: now they are gone
-    assert tails.sent_to_others({SURVIVOR}, T) == []
+    assert tails.sent_where(T, lambda _key, prev: prev != SURVIVOR) == []
 
 
 def test_work_of_a_data_holder_the_iteration_did_not_keep_is_not_redone(caplog: pytest.LogCaptureFixture) -> None:

@@ -22,7 +22,7 @@ class LossyBus(MessageBus):
         self.drop, self.sent = drop, []
         super().__init__(*args, **kwargs)
 
-    def _deliver_all(self, src: str, envelopes: list[Envelope]) -> None:
+    def send(self, src: str, envelopes: list[Envelope]) -> None:
         kept = []
         for envelope in envelopes:
             self.sent.append((self.now, src, envelope))
@@ -30,7 +30,7 @@ class LossyBus(MessageBus):
                 self.messages += 1
             else:
                 kept.append(envelope)
-        super()._deliver_all(src, kept)
+        super().send(src, kept)
 
 
 def backward_refreshes(src: str, dst: str, start: int, end: int) -> Drop:
