@@ -59,6 +59,13 @@ class FlowParams:
     """Augmenting steps (flow/augment.py): a data holder that cannot grow has units moved along its
     residual labels until it can. False keeps the labels but takes no step, and holds no cost-driven
     move for it (the protocol before issue 15's augmenting paths)."""
+    fair_share: bool = True
+    """Fairness between data holders (flow/fairness.py, max-min): a holder that routes more than one that
+    wants more and cannot grow holds its growth back, and gives up one unit when it routes two more; it
+    takes its growth up again when the poorer holder did not gain within ``fair_patience_ticks``."""
+    fair_patience_ticks: int = 120
+    """How long a holder holds back (after giving up a unit, or for a poorer holder's count) before it
+    grows again when the poorer holder did not gain."""
     iteration_budget_s: float = 0.0
     """Seconds one iteration may take. With it, a node carries at most as many units as its GPU
     (``compute_s_per_unit``) and its uplink (``uplink_s_per_unit``) serve in that time, besides
@@ -71,13 +78,15 @@ class FlowParams:
                 f"must be a finite number of seconds >= 0 (0: memory alone bounds), got {self.iteration_budget_s!r}")
         for name in ("advert_period_ticks", "refresh_period_ticks", "table_period_ticks",
                      "soft_state_ttl_ticks", "outstanding_ttl_ticks", "proposal_timeout_ticks",
-                     "request_batch", "reject_backoff_ticks"):
+                     "request_batch", "reject_backoff_ticks", "fair_patience_ticks"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, f"--flow-{name.replace('_', '-')}",
                     f"must be an integer >= 1, got {value!r}")
         require(self.soft_state_ttl_ticks > 2 * self.refresh_period_ticks, "--flow-soft-state-ttl-ticks",
                 "must exceed twice --flow-refresh-period-ticks, or live units expire between refreshes")
         require(isinstance(self.augment, bool), "--flow-augment", f"must be true or false, got {self.augment!r}")
+        require(isinstance(self.fair_share, bool), "--flow-fair-share",
+                f"must be true or false, got {self.fair_share!r}")
         require_probability(self.improve_probability, "--flow-improve-probability")
         require_probability(self.cooling, "--flow-cooling")
         require_positive(self.temperature_relay, "--flow-temperature-relay")

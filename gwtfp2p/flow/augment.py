@@ -41,7 +41,8 @@ class Augmenter:
 
     def tick(self) -> None:
         c = self.core
-        if not c.params.augment or not c.is_data_holder or c.now < self.next_walk or c.pending is not None:
+        if (not c.params.augment or not c.is_data_holder or c.now < self.next_walk or c.pending is not None
+                or c.held_back):
             return
         if not self.residual.augmentable() or self.growth.best_next(c.node_id) is not None:
             return

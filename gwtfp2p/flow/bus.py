@@ -138,11 +138,13 @@ class MessageBus:
 
     def _growth_possible(self) -> bool:
         """A data holder still wants units and sees a next hop that advertises a path, or an augmenting
-        path in its residual labels; or a node still holds cost-driven moves for a blocked holder, is
-        re-routing a unit, has a proposal out, or holds a unit with no next hop yet (work under way)."""
+        path in its residual labels; or a node still holds cost-driven moves for a blocked holder, holds
+        its growth back for a poorer holder, is re-routing a unit, has a proposal out, or holds a unit with
+        no next hop yet (work under way)."""
         return any((n.stage == 0 and n.core.demand() > 0
                     and (n.growth.best_next(n.node_id) is not None or n.residual.augmentable()))
-                   or n.core.flow_first or n.rerouter.current is not None or n.core.pending is not None
+                   or n.core.flow_first or n.core.held_back or n.rerouter.current is not None
+                   or n.core.pending is not None
                    or bool(n.core.outstanding())
                    for n in self.nodes.values())
 

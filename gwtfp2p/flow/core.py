@@ -46,6 +46,7 @@ class Neighbour:
     res_blocked: tuple[tuple[str, int, int], ...] = ()  # (holder, its tick, hops) of blocked holders
     res_xin: dict[str, int] = field(default_factory=dict)
     res_xout: dict[str, int] = field(default_factory=dict)
+    res_wants: tuple[tuple[str, int, int, int], ...] = ()  # (holder, its tick, hops, units routed) wanting more
 
 
 @dataclass
@@ -134,6 +135,7 @@ class NodeCore:
         self.temperature = params.temperature_relay
         self.routing_version = 0
         self.flow_first = False  # a holder nearby waits for an augmenting step: no cost-driven moves (residual.py)
+        self.held_back = False  # a data holder leaves capacity to a poorer holder: no growth (fairness.py)
         self.messages_sent = 0
         self._edge_counter = 0
         self._dirty_forward: set[str] = set()

@@ -128,6 +128,8 @@ class Growth:
     def grow(self) -> None:
         """Request a next hop for the oldest unrouted units of one sink."""
         c = self.core
+        if c.is_data_holder and c.held_back:
+            return  # leaving capacity to a poorer holder (fairness.py)
         if c.is_data_holder:
             units: list[InUnit | None] = [None] * c.demand()
             sink = c.node_id

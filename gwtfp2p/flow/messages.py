@@ -221,7 +221,9 @@ class Residual:
     stage, from a unit arriving at the sender; ``outs`` for the next stage, from a unit leaving it;
     ``blocked``: holders waiting for an augmenting step (holder, its tick when it last said so, the
     sender's hops to it); ``xins`` /
-    ``xouts``: the labels a walk follows, which may also displace another holder's unit."""
+    ``xouts``: the labels a walk follows, which may also displace another holder's unit; ``wants``:
+    holders that want more units and have no path with spare capacity (holder, its tick when it last
+    said so, the sender's hops to it, the units it routes), for fairness between holders (fairness.py)."""
 
     sender: str
     ins: tuple[tuple[str, int], ...]
@@ -229,6 +231,7 @@ class Residual:
     blocked: tuple[tuple[str, int, int], ...] = ()
     xins: tuple[tuple[str, int], ...] = ()
     xouts: tuple[tuple[str, int], ...] = ()
+    wants: tuple[tuple[str, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

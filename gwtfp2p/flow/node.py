@@ -16,6 +16,7 @@ from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.annealing import Annealer
 from gwtfp2p.flow.augment import Augmenter
 from gwtfp2p.flow.core import Neighbour, NodeCore
+from gwtfp2p.flow.fairness import FairShare
 from gwtfp2p.flow.growth import Adverts, Growth, PendingRequest
 from gwtfp2p.flow.load import NodeResources
 from gwtfp2p.flow.messages import (
@@ -92,6 +93,7 @@ class FlowNode:
         self.rerouter = Rerouter(self.core, self.growth, self.moves)
         self.residual = ResidualDistances(self.core)
         self.augmenter = Augmenter(self.core, self.growth, self.rerouter, self.residual)
+        self.fairness = FairShare(self.core, self.residual)
         self._handlers = {
             Advert: self.adverts.on_advert, Request: self.growth.on_request, Accept: self.growth.on_accept,
             Reject: self.growth.on_reject, Refresh: self.softstate.on_refresh, Cancel: self.softstate.on_cancel,
@@ -230,6 +232,7 @@ class FlowNode:
         c = self._at(now)
         self.adverts.tick()
         self.residual.tick()
+        self.fairness.tick()
         self.softstate.tick()
         self.moves.tick()
         self.rerouter.tick()

@@ -35,12 +35,26 @@ def flag_ttl_ticks(core: NodeCore) -> int:
     return 4 * core.params.advert_period_ticks
 
 
+def want_ttl_ticks(core: NodeCore) -> int:
+    """How long a wanting holder's notice lives without a newer tick (it re-stamps every keep-alive)."""
+    return 6 * Pacing(core.params.advert_period_ticks).keepalive * core.params.advert_period_ticks
+
+
+MAX_UNITS = 1_000_000  # a holder's routed count above this is refused (untrusted input)
+Want = tuple[int, int, int]  # (the holder's tick when it last said so, hops to it, units it routes)
+
+
 Labels = dict[str, int]
 
 
 def _better(labels: Labels, sink: str, hops: int, limit: int) -> None:
     if hops <= limit and hops < labels.get(sink, limit + 1):
         labels[sink] = hops
+
+
+def routed(core: NodeCore) -> int:
+    """Units a data holder routes: its confirmed, complete out-units (not re-routes under way)."""
+    return sum(1 for o in core.outs.values() if o.confirmed and o.complete and not o.building)
 
 
 def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
@@ -107,6 +121,9 @@ class ResidualDistances:
         self.xouts: Labels = {}
         self.blocked: dict[str, tuple[int, int]] = {}
         self._seen: dict[str, tuple[int, int, int]] = {}  # sink -> (holder's tick, hops, our tick when it advanced)
+        self.wants: dict[str, Want] = {}
+        self._wants_seen: dict[str, tuple[Want, int]] = {}  # holder -> (its notice, our tick when it advanced)
+        self._own_want: Want | None = None
         self.last_sent: tuple[Labels, ...] | None = None
         self.pacing = Pacing(core.params.advert_period_ticks)
 
@@ -118,13 +135,15 @@ class ResidualDistances:
         self.xins, self.xouts = distances(c, cross=True)
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
-        labels = (self.ins, self.outs, self.xins, self.xouts, self.blocked)
+        self.wants = self._wants()
+        labels = (self.ins, self.outs, self.xins, self.xouts, self.blocked, self.wants)
         if labels == self.last_sent and not self.pacing.stale(c.now):
             return
         message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())),
                            tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())),
                            tuple(sorted(self.xins.items())),
-                           tuple(sorted(self.xouts.items())))
+                           tuple(sorted(self.xouts.items())),
+                           tuple(sorted((k, *w) for k, w in self.wants.items())))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
             c.send(neighbour.node_id, message)
         self.last_sent, self.pacing.last_tick = labels, c.now
@@ -149,6 +168,40 @@ class ResidualDistances:
         self._seen = {k: v for k, v in self._seen.items() if c.now - v[2] <= ttl}
         return {sink: (stamp, hops) for sink, (stamp, hops, _) in self._seen.items()}
 
+    def _wants(self) -> dict[str, Want]:
+        """Holders that want more units and see no path with spare capacity, with the units they route
+        (fairness.py): a data holder's own notice is re-stamped when its count changes and at every
+        keep-alive; a node keeps the newest tick a neighbour passed on, within the hop limit, and drops a
+        notice whose tick stopped advancing for ``want_ttl_ticks``."""
+        c = self.core
+        limit = hop_limit(c.n_stages)
+        if c.is_data_holder:
+            self._own_want = self._own_notice()
+            if self._own_want is not None:
+                self._wants_seen[c.node_id] = (self._own_want, c.now)
+            else:
+                self._wants_seen.pop(c.node_id, None)
+        for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
+            for sink, stamp, hops, count in neighbour.res_wants:
+                known = self._wants_seen.get(sink)
+                if sink != c.node_id and hops < limit and (known is None or stamp > known[0][0]):
+                    self._wants_seen[sink] = ((stamp, hops + 1, count), c.now)
+        ttl = want_ttl_ticks(c)
+        self._wants_seen = {k: v for k, v in self._wants_seen.items() if c.now - v[1] <= ttl}
+        return {sink: want for sink, (want, _) in self._wants_seen.items()}
+
+    def _own_notice(self) -> Want | None:
+        c = self.core
+        if not c.params.fair_share or c.demand() <= 0:
+            return None
+        if any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours()):
+            return None
+        count = routed(c)
+        last = self._own_want
+        if last is not None and last[2] == count and not self.pacing.stale(c.now):
+            return last
+        return (c.now, 0, count)
+
     def on_residual(self, msg: Residual) -> None:
         """Keep a neighbour's labels; out-of-range hop counts are refused (untrusted input)."""
         neighbour = self.core.neighbours.get(msg.sender)
@@ -159,9 +212,13 @@ class ResidualDistances:
             return
         if any(not 0 <= hops <= limit or stamp < 0 for _, stamp, hops in msg.blocked):
             return
+        if any(not 0 <= hops <= limit or stamp < 0 or not 0 <= count <= MAX_UNITS
+               for _, stamp, hops, count in msg.wants):
+            return
         neighbour.res_in, neighbour.res_out = dict(msg.ins), dict(msg.outs)
         neighbour.res_xin, neighbour.res_xout = dict(msg.xins), dict(msg.xouts)
         neighbour.res_blocked = msg.blocked
+        neighbour.res_wants = msg.wants
 
     def augmentable(self, cross: bool = True) -> bool:
         """A data holder with demand that could route one unit more by moving its own units (``cross``:
