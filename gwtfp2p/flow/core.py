@@ -224,6 +224,14 @@ class NodeCore:
             return 0
         return max(0, self.supply - len(self.outs))
 
+    def routed_outs(self) -> list[OutUnit]:
+        """Out-units that carry a routed unit: confirmed, complete, not a re-route under construction."""
+        return [o for o in self.outs.values() if o.confirmed and o.complete and not o.building]
+
+    def has_spare_path(self) -> bool:
+        """A next-stage neighbour advertises a path to this node (as a sink) through spare capacity."""
+        return any(n.spare > 0 and n.advert.get(self.node_id, INF) < INF for n in self.next_neighbours())
+
     # -- messages ------------------------------------------------------------------------
     def send(self, dst: str, message: Message) -> None:
         self.outbox.append(Envelope(dst, message))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 
 from gwtfp2p.flow.core import INF, NodeCore
-from gwtfp2p.flow.residual import ResidualDistances, routed
+from gwtfp2p.flow.residual import ResidualDistances
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class FairShare:
         if not c.is_data_holder or not c.params.fair_share:
             c.held_back = False
             return
-        mine = routed(c)
+        mine = len(c.routed_outs())
         poorer = {h: w[2] for h, w in self.residual.wants.items() if h != c.node_id and w[2] + 1 <= mine}
         for holder, count in poorer.items():
             self.waiting[holder] = self._waited(holder, count)
@@ -60,9 +60,7 @@ class FairShare:
 
     def _could_grow(self) -> bool:
         """A path with spare capacity, or an augmenting step, is open to this holder."""
-        c = self.core
-        spare_path = any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours())
-        return spare_path or self.residual.augmentable()
+        return self.core.has_spare_path() or self.residual.augmentable()
 
     def _waited(self, holder: str, count: int) -> tuple[int, int]:
         """Since when we wait for ``holder`` at ``count``: a gain starts a new wait; a loss does not, nor
@@ -76,7 +74,7 @@ class FairShare:
         """Give up one unit: the one whose first hop is closest to ``holder`` by its residual labels, then
         the costliest. The next one only once ``holder`` routes more than it does now."""
         c = self.core
-        units = [o for o in c.outs.values() if o.confirmed and o.complete and not o.building]
+        units = c.routed_outs()
 
         def closeness(out) -> tuple[float, float, str]:
             first = c.neighbours.get(out.next)

@@ -282,4 +282,4 @@ class FlowNode:
         c = self.core
         if not c.is_data_holder:
             return 0
-        return sum(1 for o in c.outs.values() if o.confirmed and o.complete and not o.building)
+        return len(c.routed_outs())

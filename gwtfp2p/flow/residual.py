@@ -20,7 +20,7 @@ augmenting step (issue 15) will follow, and a local test that a holder's flow is
 
 from __future__ import annotations
 
-from gwtfp2p.flow.core import INF, NodeCore, Pacing
+from gwtfp2p.flow.core import NodeCore, Pacing
 from gwtfp2p.flow.messages import Residual
 
 HOP_LIMIT_PER_STAGE = 4  # hop limit = this × (stages + 1): a path may visit each stage a few times
@@ -50,11 +50,6 @@ Labels = dict[str, int]
 def _better(labels: Labels, sink: str, hops: int, limit: int) -> None:
     if hops <= limit and hops < labels.get(sink, limit + 1):
         labels[sink] = hops
-
-
-def routed(core: NodeCore) -> int:
-    """Units a data holder routes: its confirmed, complete out-units (not re-routes under way)."""
-    return sum(1 for o in core.outs.values() if o.confirmed and o.complete and not o.building)
 
 
 def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
@@ -155,10 +150,9 @@ class ResidualDistances:
         for ``flag_ttl_ticks``, so a holder's flag ends everywhere soon after the holder stops raising it."""
         c = self.core
         limit = hop_limit(c.n_stages)
-        if c.is_data_holder and c.params.augment:
-            spare_path = any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours())
-            if c.demand() > 0 and c.node_id in self.xouts and not spare_path:
-                self._seen[c.node_id] = (c.now, 0, c.now)
+        if (c.is_data_holder and c.params.augment and c.demand() > 0 and c.node_id in self.xouts
+                and not c.has_spare_path()):
+            self._seen[c.node_id] = (c.now, 0, c.now)
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
             for sink, stamp, hops in neighbour.res_blocked:
                 known = self._seen.get(sink)
@@ -194,9 +188,9 @@ class ResidualDistances:
         c = self.core
         if not c.params.fair_share or c.demand() <= 0:
             return None
-        if any(n.spare > 0 and n.advert.get(c.node_id, INF) < INF for n in c.next_neighbours()):
+        if c.has_spare_path():
             return None
-        count = routed(c)
+        count = len(c.routed_outs())
         last = self._own_want
         if last is not None and last[2] == count and not self.pacing.stale(c.now):
             return last
