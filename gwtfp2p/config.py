@@ -52,9 +52,14 @@ class FlowParams:
     reheat_factor: float = 4.0
     min_temperature: float = 1e-4
     max_path_weight: float = 0.5
-    reroute_margin: float = 0.1
+    reroute_margin: float = 0.2
+    """Relative saving (of the unit's remaining path cost) that starts a make-before-break re-route; 0
+    disables re-routes. Hysteresis: a saving smaller than the spread of measured costs is no real gain."""
     reject_backoff_ticks: int = 3
-    gain_epsilon: float = 1e-3
+    gain_epsilon: float = 0.1
+    """Hysteresis of the annealer: a move is taken only when it gains more than this × the node's mean
+    edge cost (and a worse one is drawn only when it loses more than that). Smaller gains are below
+    what measured costs can tell apart, and each move breaks a chain for a tick or two."""
     augment: bool = True
     """Augmenting steps (flow/augment.py): a data holder that cannot grow has units moved along its
     residual labels until it can. False keeps the labels but takes no step, and holds no cost-driven
