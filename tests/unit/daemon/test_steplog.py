@@ -68,6 +68,7 @@ def test_replayed_steps_give_the_replicas_bits():
     spec = tiny_spec("gpt2", 2)
     stage = split_model(build_from_spec(spec, VOCAB), 2).stages[1]
     replica, stepper, joiner = (StageExecutor(copy.deepcopy(stage), spec, 2) for _ in range(3))
+    assert replica.state_hash() == stepper.state_hash() == joiner.state_hash()  # the copies start alike
     joiner.load_state_bytes(replica.state_bytes())
     log, gen = StepLog(4), torch.Generator().manual_seed(3)
     for t in range(3):
@@ -78,10 +79,10 @@ def test_replayed_steps_give_the_replicas_bits():
         mean, count = replica.reduce(contributions)
         step = replica.apply_mean(mean, count, total_sq_norm=total)  # the aggregator's path, logging the mean
         log.record(t, mean, count, step.state_hash, total)
-        assert step.state_hash == expected.state_hash
+        assert step.state_hash == expected.state_hash, (t, step, expected)  # which step, and its norms/scale
     for logged in decode_steps(encode_steps(log.since(0)), first_iteration=0, numel=replica.numel):
         result = joiner.apply_mean(logged.mean_grad, logged.count, total_sq_norm=logged.total_sq_norm)
-        assert result.state_hash == logged.state_hash
+        assert result.state_hash == logged.state_hash, (logged.iteration, result)  # a replayed step
     assert joiner.state_hash() == replica.state_hash()
 
 
