@@ -56,7 +56,7 @@ class FlowParams:
     """Relative saving (of the unit's remaining path cost) that starts a make-before-break re-route; 0
     disables re-routes. Hysteresis: a saving smaller than the spread of measured costs is no real gain."""
     reject_backoff_ticks: int = 3
-    gain_epsilon: float = 0.1
+    gain_epsilon: float = 0.05
     """Hysteresis of the annealer: a move is taken only when it gains more than this × the node's mean
     edge cost (and a worse one is drawn only when it loses more than that). Smaller gains are below
     what measured costs can tell apart, and each move breaks a chain for a tick or two."""
