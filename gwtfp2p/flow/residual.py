@@ -20,6 +20,8 @@ augmenting step (issue 15) will follow, and a local test that a holder's flow is
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from gwtfp2p.flow.core import NodeCore, Pacing
 from gwtfp2p.flow.messages import Residual
 
@@ -42,6 +44,22 @@ def want_ttl_ticks(core: NodeCore) -> int:
 
 MAX_UNITS = 1_000_000  # a holder's routed count above this is refused (untrusted input)
 Want = tuple[int, int, int]  # (the holder's tick when it last said so, hops to it, units it routes)
+Notice = tuple[int, ...]  # (the holder's tick when it last said so, hops to it, anything it carries)
+
+
+def keep_newest(seen: dict[str, tuple[Notice, int]], offers: Iterable[tuple[str, Notice]], now: int,
+                ttl: int) -> dict[str, Notice]:
+    """Merge notices passed on by neighbours into ``seen`` (holder -> (notice, our tick when its stamp last
+    advanced)): an offer replaces what we know only with a newer stamp, and a notice whose stamp stopped
+    advancing for ``ttl`` ticks is dropped, so it ends everywhere soon after its holder stops sending it.
+    Returns holder -> notice."""
+    for holder, notice in offers:
+        known = seen.get(holder)
+        if known is None or notice[0] > known[0][0]:
+            seen[holder] = (notice, now)
+    for holder in [h for h, (_, tick) in seen.items() if now - tick > ttl]:
+        del seen[holder]
+    return {holder: notice for holder, (notice, _) in seen.items()}
 
 
 Labels = dict[str, int]
@@ -115,9 +133,9 @@ class ResidualDistances:
         self.xins: Labels = {}
         self.xouts: Labels = {}
         self.blocked: dict[str, tuple[int, int]] = {}
-        self._seen: dict[str, tuple[int, int, int]] = {}  # sink -> (holder's tick, hops, our tick when it advanced)
+        self._seen: dict[str, tuple[Notice, int]] = {}  # sink -> ((holder's tick, hops), our tick when it advanced)
         self.wants: dict[str, Want] = {}
-        self._wants_seen: dict[str, tuple[Want, int]] = {}  # holder -> (its notice, our tick when it advanced)
+        self._wants_seen: dict[str, tuple[Notice, int]] = {}  # holder -> (its notice, our tick when it advanced)
         self._own_want: Want | None = None
         self.last_sent: tuple[Labels, ...] | None = None
         self.pacing = Pacing(core.params.advert_period_ticks)
@@ -152,15 +170,11 @@ class ResidualDistances:
         limit = hop_limit(c.n_stages)
         if (c.is_data_holder and c.params.augment and c.demand() > 0 and c.node_id in self.xouts
                 and not c.has_spare_path()):
-            self._seen[c.node_id] = (c.now, 0, c.now)
-        for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            for sink, stamp, hops in neighbour.res_blocked:
-                known = self._seen.get(sink)
-                if hops < limit and (sink in self.xins or sink in self.xouts) and (known is None or stamp > known[0]):
-                    self._seen[sink] = (stamp, hops + 1, c.now)
-        ttl = flag_ttl_ticks(c)
-        self._seen = {k: v for k, v in self._seen.items() if c.now - v[2] <= ttl}
-        return {sink: (stamp, hops) for sink, (stamp, hops, _) in self._seen.items()}
+            self._seen[c.node_id] = ((c.now, 0), c.now)
+        offers = ((sink, (stamp, hops + 1)) for neighbour in (*c.prev_neighbours(), *c.next_neighbours())
+                  for sink, stamp, hops in neighbour.res_blocked
+                  if hops < limit and (sink in self.xins or sink in self.xouts))
+        return keep_newest(self._seen, offers, c.now, flag_ttl_ticks(c))
 
     def _wants(self) -> dict[str, Want]:
         """Holders that want more units and see no path with spare capacity, with the units they route
@@ -175,14 +189,9 @@ class ResidualDistances:
                 self._wants_seen[c.node_id] = (self._own_want, c.now)
             else:
                 self._wants_seen.pop(c.node_id, None)
-        for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            for sink, stamp, hops, count in neighbour.res_wants:
-                known = self._wants_seen.get(sink)
-                if sink != c.node_id and hops < limit and (known is None or stamp > known[0][0]):
-                    self._wants_seen[sink] = ((stamp, hops + 1, count), c.now)
-        ttl = want_ttl_ticks(c)
-        self._wants_seen = {k: v for k, v in self._wants_seen.items() if c.now - v[1] <= ttl}
-        return {sink: want for sink, (want, _) in self._wants_seen.items()}
+        offers = ((sink, (stamp, hops + 1, count)) for neighbour in (*c.prev_neighbours(), *c.next_neighbours())
+                  for sink, stamp, hops, count in neighbour.res_wants if sink != c.node_id and hops < limit)
+        return keep_newest(self._wants_seen, offers, c.now, want_ttl_ticks(c))
 
     def _own_notice(self) -> Want | None:
         c = self.core
