@@ -102,7 +102,7 @@ def trace_run(bus: CountingBus, ticks: int) -> tuple[Trace, list]:
     trace = Trace()
     last_paths, last_assign = sorted(bus.routing()), assignment(bus)
     versions = {n: node.routing_version for n, node in bus.nodes.items()}
-    last_change, tail_kinds = 0, Counter()
+    last_change, last_busy, tail_kinds = 0, 0, Counter()
     for tick in range(1, ticks + 1):
         if tick == ticks - TAIL + 1:
             tail_kinds = Counter(bus.kinds)
@@ -115,7 +115,9 @@ def trace_run(bus: CountingBus, ticks: int) -> tuple[Trace, list]:
         trace.surplus.append(surplus(bus, paths))
         if paths != last_paths:
             last_change = tick
-        if trace.declared is None and tick - last_change >= QUIET_TICKS and not bus._growth_possible():
+        if trace.declared is None and bus._growth_possible():
+            last_busy = tick  # work under way (a hold that clears lets held moves start)
+        if trace.declared is None and tick - max(last_change, last_busy) >= QUIET_TICKS:
             trace.declared = tick
         if tick > ticks - TAIL:
             for n, node in bus.nodes.items():

@@ -158,17 +158,20 @@ class MessageBus:
         return evaluate(self.instance(), self.routing())
 
     def run(self, max_ticks: int = 2000, quiet_ticks: int = 60) -> RunResult:
-        """Step until the routing has not changed for ``quiet_ticks`` ticks (or ``max_ticks``)."""
+        """Step until for ``quiet_ticks`` ticks the routing has not changed and no work was under way
+        (``_growth_possible``: a hold that just cleared lets held moves start; or ``max_ticks``)."""
         start, start_messages = self.now, self.messages
         last = sorted(self.routing())
-        last_change, messages_at_change = self.now, self.messages
+        last_change, messages_at_change, last_busy = self.now, self.messages, self.now
         while self.now - start < max_ticks:
             self.step()
             current = sorted(self.routing())
             if current != last:
                 last, last_change, messages_at_change = current, self.now, self.messages
-            elif self.now - last_change >= quiet_ticks and not self._growth_possible():
+            if self._growth_possible():
+                last_busy = self.now
+            if self.now - max(last_change, last_busy) >= quiet_ticks:
                 break
-        converged = self.now - last_change >= quiet_ticks and not self._growth_possible()
+        converged = self.now - max(last_change, last_busy) >= quiet_ticks
         return RunResult(self.quality(), last_change - start, self.now - start, self.messages - start_messages,
                          messages_at_change - start_messages, converged)

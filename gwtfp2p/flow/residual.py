@@ -48,18 +48,26 @@ Notice = tuple[int, ...]  # (the holder's tick when it last said so, hops to it,
 
 
 def keep_newest(seen: dict[str, tuple[Notice, int]], offers: Iterable[tuple[str, Notice]], now: int,
-                ttl: int) -> dict[str, Notice]:
+                ttl: int, forget_ticks: int) -> dict[str, Notice]:
     """Merge notices passed on by neighbours into ``seen`` (holder -> (notice, our tick when its stamp last
     advanced)): an offer replaces what we know only with a newer stamp, and a notice whose stamp stopped
-    advancing for ``ttl`` ticks is dropped, so it ends everywhere soon after its holder stops sending it.
-    Returns holder -> notice."""
+    advancing for ``ttl`` ticks is no longer returned, so it ends everywhere soon after its holder stops
+    sending it. An ended notice is remembered ``forget_ticks`` longer: a neighbour still passing on the same
+    stamp cannot bring it back (without that, stale copies bounced between neighbours until their hop
+    counts ran out, ~150 ticks on an 8-stage swarm). Returns holder -> live notice."""
     for holder, notice in offers:
         known = seen.get(holder)
         if known is None or notice[0] > known[0][0]:
             seen[holder] = (notice, now)
-    for holder in [h for h, (_, tick) in seen.items() if now - tick > ttl]:
+    for holder in [h for h, (_, tick) in seen.items() if now - tick > ttl + forget_ticks]:
         del seen[holder]
-    return {holder: notice for holder, (notice, _) in seen.items()}
+    return {holder: notice for holder, (notice, tick) in seen.items() if now - tick <= ttl}
+
+
+def forget_ticks(core: NodeCore) -> int:
+    """How long an ended notice's stamp is remembered: longer than a copy takes to cross the hop limit
+    (one hop per two advert periods). A holder restarting with a lower tick is heard again after it."""
+    return 2 * hop_limit(core.n_stages) * core.params.advert_period_ticks
 
 
 Labels = dict[str, int]
@@ -174,7 +182,7 @@ class ResidualDistances:
         offers = ((sink, (stamp, hops + 1)) for neighbour in (*c.prev_neighbours(), *c.next_neighbours())
                   for sink, stamp, hops in neighbour.res_blocked
                   if hops < limit and (sink in self.xins or sink in self.xouts))
-        return keep_newest(self._seen, offers, c.now, flag_ttl_ticks(c))
+        return keep_newest(self._seen, offers, c.now, flag_ttl_ticks(c), forget_ticks(c))
 
     def _wants(self) -> dict[str, Want]:
         """Holders that want more units and see no path with spare capacity, with the units they route
@@ -191,7 +199,7 @@ class ResidualDistances:
                 self._wants_seen.pop(c.node_id, None)
         offers = ((sink, (stamp, hops + 1, count)) for neighbour in (*c.prev_neighbours(), *c.next_neighbours())
                   for sink, stamp, hops, count in neighbour.res_wants if sink != c.node_id and hops < limit)
-        return keep_newest(self._wants_seen, offers, c.now, want_ttl_ticks(c))
+        return keep_newest(self._wants_seen, offers, c.now, want_ttl_ticks(c), forget_ticks(c))
 
     def _own_notice(self) -> Want | None:
         c = self.core

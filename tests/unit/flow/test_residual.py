@@ -15,7 +15,7 @@ from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
 from gwtfp2p.flow.messages import Residual
-from gwtfp2p.flow.residual import hop_limit
+from gwtfp2p.flow.residual import flag_ttl_ticks, hop_limit, keep_newest
 
 
 def residual_graph(bus: MessageBus, sink: str) -> dict[tuple[str, str], list[tuple[tuple[str, str], int]]]:
@@ -142,3 +142,35 @@ def test_out_of_range_labels_are_refused(ins, outs) -> None:
     node.on_message(Residual("b1", (("h", 1),), ()), now=1)
     node.on_message(Residual("b1", ins, outs), now=2)
     assert node.core.neighbours["b1"].res_in == {"h": 1}
+
+
+def test_an_ended_notice_is_not_brought_back_by_a_neighbour_passing_on_its_stamp() -> None:
+    seen: dict = {}
+    assert keep_newest(seen, [("h", (10, 1))], now=0, ttl=8, forget_ticks=50) == {"h": (10, 1)}
+    assert keep_newest(seen, [("h", (10, 2))], now=8, ttl=8, forget_ticks=50) == {"h": (10, 1)}
+    assert keep_newest(seen, [("h", (10, 2))], now=9, ttl=8, forget_ticks=50) == {}  # ended: the stamp stopped
+    assert keep_newest(seen, [("h", (10, 3))], now=30, ttl=8, forget_ticks=50) == {}  # a stale copy stays out
+    assert keep_newest(seen, [("h", (11, 3))], now=31, ttl=8, forget_ticks=50) == {"h": (11, 3)}  # a newer one
+    keep_newest(seen, [], now=31 + 8 + 51, ttl=8, forget_ticks=50)
+    assert seen == {}  # forgotten: a holder that restarted its ticks is heard again
+
+
+def test_blocked_flags_end_soon_after_their_holder_stops_raising_them() -> None:
+    """On a two-holder swarm the holders flag themselves while they trade units for fairness; once a
+    holder stops, its flag must be gone everywhere soon: within its TTL plus the few ticks a notice takes to
+    reach every node (12 ticks at most here; stale copies bouncing between relays once kept flags 81 ticks
+    after their holder's last, holding every cost move)."""
+    bus = MessageBus(generate("b", 0), seed=0)
+    bound = 3 * flag_ttl_ticks(next(iter(bus.nodes.values())).core)
+    holders = [k for k, n in bus.nodes.items() if n.core.is_data_holder]
+    last_raised: dict[str, int] = {}
+    lingered = []
+    for _ in range(400):
+        bus.step()
+        for h in holders:
+            own = bus.nodes[h].residual._seen.get(h)
+            if own is not None and own[0][0] == bus.now:
+                last_raised[h] = bus.now
+        lingered += [(bus.now, node_id, h) for node_id, n in bus.nodes.items() for h in n.residual.blocked
+                     if bus.now - last_raised[h] > bound]
+    assert last_raised and lingered == []
