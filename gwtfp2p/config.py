@@ -40,6 +40,12 @@ class FlowParams:
 
     tick_s: float = 1.0
     advert_period_ticks: int = 2
+    """Least gap between two adverts a node sends (keep-alive: every 4 periods). Growth and cost
+    improvements travel one hop per period; 1 converges a/geo10 sooner but was not adopted
+    (docs/flow-tight.md, "Tried: adverts every tick")."""
+    residual_period_ticks: int = 2
+    """Least gap between two residual-label messages a node sends (blocked flags, want notices;
+    keep-alive: every 4 periods). Augmenting walks and the lifetimes of flags and notices scale with it."""
     refresh_period_ticks: int = 3
     table_period_ticks: int = 3
     soft_state_ttl_ticks: int = 16
@@ -81,7 +87,7 @@ class FlowParams:
         require(isinstance(self.iteration_budget_s, (int, float)) and math.isfinite(self.iteration_budget_s)
                 and self.iteration_budget_s >= 0, "--flow-iteration-budget-s",
                 f"must be a finite number of seconds >= 0 (0: memory alone bounds), got {self.iteration_budget_s!r}")
-        for name in ("advert_period_ticks", "refresh_period_ticks", "table_period_ticks",
+        for name in ("advert_period_ticks", "residual_period_ticks", "refresh_period_ticks", "table_period_ticks",
                      "soft_state_ttl_ticks", "outstanding_ttl_ticks", "proposal_timeout_ticks",
                      "request_batch", "reject_backoff_ticks", "fair_patience_ticks"):
             value = getattr(self, name)

@@ -25,7 +25,7 @@ NEW_UNIT = ""  # ``Augment.edge_id`` of a walk that arrives forward: a new unit 
 
 def augment_period_ticks(core: NodeCore) -> int:
     """Time for one step to finish and the labels to follow before the holder walks again."""
-    return 2 * core.params.advert_period_ticks * (core.n_stages + 1)
+    return 2 * core.params.residual_period_ticks * (core.n_stages + 1)
 
 
 class Augmenter:

@@ -143,7 +143,7 @@ class Rerouter:
             c.match(rebuild.in_id, new.edge_id)
             c.mark_backward(rebuild.in_id)
         if rebuild.for_flow:  # a cost re-route must not take back what the step freed before it is used
-            self.pinned[new.edge_id] = c.now + PIN_PERIODS * 2 * c.params.advert_period_ticks * (c.n_stages + 1)
+            self.pinned[new.edge_id] = c.now + PIN_PERIODS * 2 * c.params.residual_period_ticks * (c.n_stages + 1)
         c.changed()
         self._end(rebuild, failed=False)
 

@@ -33,13 +33,13 @@ def hop_limit(n_stages: int) -> int:
 
 
 def flag_ttl_ticks(core: NodeCore) -> int:
-    """How long a blocked holder's flag lives without a newer tick from it (a few advert periods)."""
-    return 4 * core.params.advert_period_ticks
+    """How long a blocked holder's flag lives without a newer tick from it (a few residual periods)."""
+    return 4 * core.params.residual_period_ticks
 
 
 def want_ttl_ticks(core: NodeCore) -> int:
     """How long a wanting holder's notice lives without a newer tick (it re-stamps every keep-alive)."""
-    return 6 * Pacing(core.params.advert_period_ticks).keepalive * core.params.advert_period_ticks
+    return 6 * Pacing(core.params.residual_period_ticks).keepalive * core.params.residual_period_ticks
 
 
 MAX_UNITS = 1_000_000  # a holder's routed count above this is refused (untrusted input)
@@ -66,8 +66,8 @@ def keep_newest(seen: dict[str, tuple[Notice, int]], offers: Iterable[tuple[str,
 
 def forget_ticks(core: NodeCore) -> int:
     """How long an ended notice's stamp is remembered: longer than a copy takes to cross the hop limit
-    (one hop per two advert periods). A holder restarting with a lower tick is heard again after it."""
-    return 2 * hop_limit(core.n_stages) * core.params.advert_period_ticks
+    (one hop per two residual periods). A holder restarting with a lower tick is heard again after it."""
+    return 2 * hop_limit(core.n_stages) * core.params.residual_period_ticks
 
 
 Labels = dict[str, int]
@@ -126,7 +126,7 @@ def displacements(core: NodeCore) -> Labels:
 
 class ResidualDistances:
     """Recomputes this node's labels and sends them to both neighbour stages when they change
-    (at most once per advert period, and again every four periods).
+    (at most once per residual period, and again every four periods).
 
     With them goes ``blocked``: the holders that could gain a unit only by an augmenting step, with
     the holder's tick when it last said so and the hops to it. A node that knows one puts flow first
@@ -146,7 +146,7 @@ class ResidualDistances:
         self._wants_seen: dict[str, tuple[Notice, int]] = {}  # holder -> (its notice, our tick when it advanced)
         self._own_want: Want | None = None
         self.last_sent: tuple[Labels, ...] | None = None
-        self.pacing = Pacing(core.params.advert_period_ticks)
+        self.pacing = Pacing(core.params.residual_period_ticks)
 
     def tick(self) -> None:
         c = self.core

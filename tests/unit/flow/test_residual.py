@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gwtfp2p.config import FlowParams
+from gwtfp2p.config import ConfigError, FlowParams
 from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
@@ -174,3 +174,9 @@ def test_blocked_flags_end_soon_after_their_holder_stops_raising_them() -> None:
         lingered += [(bus.now, node_id, h) for node_id, n in bus.nodes.items() for h in n.residual.blocked
                      if bus.now - last_raised[h] > bound]
     assert last_raised and lingered == []
+
+
+@pytest.mark.parametrize("period", [0, -2, 1.5])
+def test_residual_period_is_a_positive_whole_number_of_ticks(period) -> None:
+    with pytest.raises(ConfigError, match="--flow-residual-period-ticks"):
+        FlowParams(residual_period_ticks=period)
