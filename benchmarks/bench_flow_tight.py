@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gwtfp2p.flow.bus import MessageBus, NetworkModel
+from gwtfp2p.flow.bus import MessageBus, NetworkModel, Settling
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.oracle import solve
 
@@ -102,7 +102,7 @@ def trace_run(bus: CountingBus, ticks: int) -> tuple[Trace, list]:
     trace = Trace()
     last_paths, last_assign = sorted(bus.routing()), assignment(bus)
     versions = {n: node.routing_version for n, node in bus.nodes.items()}
-    last_change, last_busy, tail_kinds = 0, 0, Counter()
+    settling, tail_kinds = Settling(QUIET_TICKS, 0, 0), Counter()
     for tick in range(1, ticks + 1):
         if tick == ticks - TAIL + 1:
             tail_kinds = Counter(bus.kinds)
@@ -113,11 +113,7 @@ def trace_run(bus: CountingBus, ticks: int) -> tuple[Trace, list]:
         trace.assign_change.append(assign != last_assign)
         trace.messages.append(bus.messages)
         trace.surplus.append(surplus(bus, paths))
-        if paths != last_paths:
-            last_change = tick
-        if trace.declared is None and bus._growth_possible():
-            last_busy = tick  # work under way (a hold that clears lets held moves start)
-        if trace.declared is None and tick - max(last_change, last_busy) >= QUIET_TICKS:
+        if trace.declared is None and settling.note(tick, paths != last_paths, bus._growth_possible()):
             trace.declared = tick
         if tick > ticks - TAIL:
             for n, node in bus.nodes.items():

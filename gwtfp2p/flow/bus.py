@@ -33,6 +33,24 @@ class NetworkModel:
     wire: bool = False  # carry every message through the wire codec, as the daemon does
 
 
+@dataclass
+class Settling:
+    """When a run counts as settled: ``quiet_ticks`` ticks with neither a routing change nor work under
+    way (a hold that just cleared lets the moves it held start)."""
+
+    quiet_ticks: int
+    last_change: int
+    last_busy: int
+
+    def note(self, now: int, changed: bool, busy: bool) -> bool:
+        """Record tick ``now``; True once the run has been quiet long enough."""
+        if changed:
+            self.last_change = now
+        if busy:
+            self.last_busy = now
+        return now - max(self.last_change, self.last_busy) >= self.quiet_ticks
+
+
 @dataclass(frozen=True)
 class RunResult:
     quality: RoutingQuality
@@ -162,16 +180,13 @@ class MessageBus:
         (``_growth_possible``: a hold that just cleared lets held moves start; or ``max_ticks``)."""
         start, start_messages = self.now, self.messages
         last = sorted(self.routing())
-        last_change, messages_at_change, last_busy = self.now, self.messages, self.now
-        while self.now - start < max_ticks:
+        settling, messages_at_change, converged = Settling(quiet_ticks, self.now, self.now), self.messages, False
+        while self.now - start < max_ticks and not converged:
             self.step()
             current = sorted(self.routing())
-            if current != last:
-                last, last_change, messages_at_change = current, self.now, self.messages
-            if self._growth_possible():
-                last_busy = self.now
-            if self.now - max(last_change, last_busy) >= quiet_ticks:
-                break
-        converged = self.now - max(last_change, last_busy) >= quiet_ticks
-        return RunResult(self.quality(), last_change - start, self.now - start, self.messages - start_messages,
-                         messages_at_change - start_messages, converged)
+            changed = current != last
+            if changed:
+                last, messages_at_change = current, self.messages
+            converged = settling.note(self.now, changed, self._growth_possible())
+        return RunResult(self.quality(), settling.last_change - start, self.now - start,
+                         self.messages - start_messages, messages_at_change - start_messages, converged)
