@@ -81,8 +81,9 @@ class Augmenter:
             other = self._best_other(sink)
             if other is not None:
                 unit, hops = other
+                deep = c.params.deep_cross
                 options.append((hops + self.residual.xouts[sink] - 1, 2, lambda: c.send(
-                    unit.prev, Augment(c.node_id, unit.sink, budget, unit.edge_id, True))))
+                    unit.prev, Augment(c.node_id, unit.sink, budget, unit.edge_id, not deep))))
         if options:
             min(options, key=lambda o: o[:2])[2]()
 
@@ -127,14 +128,16 @@ class Augmenter:
         return best
 
     def _best_other(self, sink: str):
-        """Another holder's unit here that its holder could re-route (by the pure labels), with its label."""
+        """Another holder's unit here that its holder could re-route (by the pure labels, or with
+        ``deep_cross`` the cross ones), with its label."""
         c = self.core
         best = None
         for unit in sorted(c.ins.values(), key=lambda u: u.edge_id):
             if unit.sink == sink or unit.out_id is None:
                 continue
             prev = c.neighbours.get(unit.prev)
-            hops = prev.res_out.get(unit.sink, INF) if prev is not None else INF
+            labels = None if prev is None else prev.res_xout if c.params.deep_cross else prev.res_out
+            hops = labels.get(unit.sink, INF) if labels is not None else INF
             if hops < INF and (best is None or hops < best[1]):
                 best = (unit, hops)
         return best

@@ -104,7 +104,7 @@ def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
     for sink, hops in back.items():
         _better(ins, sink, hops, limit)
     if cross and core.spare() <= 0:
-        displace = displacements(core)
+        displace = displacements(core, deep=core.params.deep_cross)
         for sink, hops in outs.items():
             others = [cost for g, cost in displace.items() if g != sink]
             if others:
@@ -112,15 +112,17 @@ def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
     return ins, outs
 
 
-def displacements(core: NodeCore) -> Labels:
-    """Per holder g: the fewest hops for one of g's units here to leave by g's own re-route (1 + its
-    sender's pure label for g); only units that go on from here count."""
+def displacements(core: NodeCore, deep: bool = False) -> Labels:
+    """Per holder g: the fewest hops for one of g's units here to leave by g's re-route (1 + its sender's
+    label for g: the pure one, or with ``deep`` the cross one, so that g's re-route may displace a third
+    holder's unit in turn); only units that go on from here count."""
     limit = hop_limit(core.n_stages)
     found: Labels = {}
     for unit in core.ins.values():
         prev = core.neighbours.get(unit.prev)
-        if prev is not None and unit.out_id is not None and unit.sink in prev.res_out:
-            _better(found, unit.sink, prev.res_out[unit.sink] + 1, limit)
+        labels = None if prev is None else prev.res_xout if deep else prev.res_out
+        if labels is not None and unit.out_id is not None and unit.sink in labels:
+            _better(found, unit.sink, labels[unit.sink] + 1, limit)
     return found
 
 
