@@ -71,9 +71,9 @@ class FlowParams:
     residual labels until it can. False keeps the labels but takes no step, and holds no cost-driven
     move for it (the protocol before issue 15's augmenting paths)."""
     deep_cross: bool = True
-    """Cross-holder displacements chain (flow/residual.py): another holder's unit may be displaced when
-    that holder can re-route it by any walk, itself displacing further units; False only when by its own
-    units (one level)."""
+    """Cross-holder augmenting steps chain (flow/residual.py, flow/augment.py): another holder's unit may be
+    displaced when that holder can re-route it by a walk that itself displaces units of further holders.
+    False: only when that holder can re-route it by moving its own units (one level)."""
     fair_share: bool = True
     """Fairness between data holders (flow/fairness.py, max-min): a holder that routes more than one that
     wants more and cannot grow holds its growth back, and gives up one unit when it routes two more; it

@@ -82,8 +82,9 @@ def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
     """This node's (ins, outs) labels from its units and its neighbours' last labels (pure).
 
     ``cross``: the labels a walk follows, which also let a newcomer into a full relay X by displacing
-    another holder g's unit from P, when g could re-route it (P's pure label for g is finite): that
-    costs 1 + P's label for g, and the newcomer goes on from X by X's own ``outs``.
+    another holder g's unit from P, when g could re-route it (P's pure label for g is finite; with
+    ``deep_cross`` its walk label, so g's re-route may displace a third holder's unit in turn): that costs
+    1 + P's label for g, and the newcomer goes on from X by X's own ``outs``.
     """
     limit = hop_limit(core.n_stages)
     outs: Labels = {}

@@ -47,6 +47,32 @@ def test_without_steps_the_blocked_holder_stays_blocked() -> None:
     assert bus.nodes["h"].residual.augmentable()  # it could: the labels see the step no one takes
 
 
+def three_holders(params: FlowParams) -> MessageBus:
+    """One stage of three one-unit relays. g's unit takes x (g's dear y is k's), k's takes y (k's dear z is
+    free), h reaches only x: h routes only if k's unit moves to z and then g's to y, a chain of two."""
+    nodes = (NodeSpec("g", 0, supply=1), NodeSpec("h", 0, supply=1), NodeSpec("k", 0, supply=1),
+             NodeSpec("x", 1, capacity=1), NodeSpec("y", 1, capacity=1), NodeSpec("z", 1, capacity=1))
+    costs = {("g", "x"): 1.0, ("g", "y"): 10.0, ("h", "x"): 1.0, ("k", "y"): 1.0, ("k", "z"): 10.0}
+    return MessageBus(FlowInstance(1, nodes, costs), seed=0, params=params, check_every_tick=True)
+
+
+def test_a_chain_of_displacements_frees_a_slot_that_one_level_cannot() -> None:
+    """deep_cross: g may be asked to move its unit when g itself can only by displacing k's; without it h
+    stays blocked and its walk labels see no step."""
+    before, after = [("g", "x", "g"), ("k", "y", "k")], [("g", "y", "g"), ("h", "x", "h"), ("k", "z", "k")]
+    for deep in (False, True):
+        bus = three_holders(FlowParams(deep_cross=deep))
+        for _ in range(200):
+            bus.step()
+            if len(bus.routing()) == len(before):
+                break
+        assert sorted(bus.routing()) == before
+        result = bus.run(max_ticks=800)
+        assert sorted(bus.routing()) == (after if deep else before)
+        assert result.converged and bus.violations == []
+        assert not bus.nodes["h"].residual.augmentable()  # routed (deep), or no step seen at all
+
+
 @pytest.mark.parametrize("walk", [
     Augment("y", "h", 3, ""),  # a same-stage peer is neither the previous nor the next stage
     Augment("h", "h", 0, ""),  # no budget left
