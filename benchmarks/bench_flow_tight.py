@@ -113,7 +113,7 @@ def trace_run(bus: CountingBus, ticks: int) -> tuple[Trace, list]:
         trace.assign_change.append(assign != last_assign)
         trace.messages.append(bus.messages)
         trace.surplus.append(surplus(bus, paths))
-        if trace.declared is None and settling.note(tick, paths != last_paths, bus._growth_possible()):
+        if trace.declared is None and settling.note(tick, paths != last_paths, bus.work_under_way()):
             trace.declared = tick
         if tick > ticks - TAIL:
             for n, node in bus.nodes.items():

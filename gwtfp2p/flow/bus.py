@@ -154,7 +154,7 @@ class MessageBus:
             snap = self.check()
             self.violations += [f"tick {self.now}: {v}" for v in snap.violations]
 
-    def _growth_possible(self) -> bool:
+    def work_under_way(self) -> bool:
         """A data holder still wants units and sees a next hop that advertises a path, or an augmenting
         path in its residual labels; or a node still holds cost-driven moves for a blocked holder, holds
         its growth back for a poorer holder, is re-routing a unit, has a proposal out, or holds a unit with
@@ -177,7 +177,7 @@ class MessageBus:
 
     def run(self, max_ticks: int = 2000, quiet_ticks: int = 60) -> RunResult:
         """Step until for ``quiet_ticks`` ticks the routing has not changed and no work was under way
-        (``_growth_possible``: a hold that just cleared lets held moves start; or ``max_ticks``)."""
+        (``work_under_way``: a hold that just cleared lets held moves start; or ``max_ticks``)."""
         start, start_messages = self.now, self.messages
         last = sorted(self.routing())
         settling, messages_at_change, converged = Settling(quiet_ticks, self.now, self.now), self.messages, False
@@ -187,6 +187,6 @@ class MessageBus:
             changed = current != last
             if changed:
                 last, messages_at_change = current, self.messages
-            converged = settling.note(self.now, changed, self._growth_possible())
+            converged = settling.note(self.now, changed, self.work_under_way())
         return RunResult(self.quality(), settling.last_change - start, self.now - start,
                          self.messages - start_messages, messages_at_change - start_messages, converged)
