@@ -18,7 +18,7 @@ from gwtfp2p.flow.core import INF, Neighbour, NodeCore
 from gwtfp2p.flow.growth import Growth
 from gwtfp2p.flow.messages import Augment
 from gwtfp2p.flow.reroute import Rerouter
-from gwtfp2p.flow.residual import ResidualDistances, hop_limit
+from gwtfp2p.flow.residual import ResidualDistances, hop_limit, reroute_hops
 
 NEW_UNIT = ""  # ``Augment.edge_id`` of a walk that arrives forward: a new unit would enter the receiver
 
@@ -128,16 +128,14 @@ class Augmenter:
         return best
 
     def _best_other(self, sink: str):
-        """Another holder's unit here that its holder could re-route (by the pure labels, or with
-        ``deep_cross`` the cross ones), with its label."""
+        """Another holder's unit here that its holder could re-route (``residual.reroute_hops``), with its
+        label."""
         c = self.core
         best = None
         for unit in sorted(c.ins.values(), key=lambda u: u.edge_id):
             if unit.sink == sink or unit.out_id is None:
                 continue
-            prev = c.neighbours.get(unit.prev)
-            labels = None if prev is None else prev.res_xout if c.params.deep_cross else prev.res_out
-            hops = labels.get(unit.sink, INF) if labels is not None else INF
-            if hops < INF and (best is None or hops < best[1]):
+            hops = reroute_hops(c, unit)
+            if hops is not None and (best is None or hops < best[1]):
                 best = (unit, hops)
         return best

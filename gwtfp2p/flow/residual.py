@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gwtfp2p.flow.core import NodeCore, Pacing
+from gwtfp2p.flow.core import InUnit, NodeCore, Pacing
 from gwtfp2p.flow.messages import Residual
 
 HOP_LIMIT_PER_STAGE = 4  # hop limit = this × (stages + 1): a path may visit each stage a few times
@@ -105,7 +105,7 @@ def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
     for sink, hops in back.items():
         _better(ins, sink, hops, limit)
     if cross and core.spare() <= 0:
-        displace = displacements(core, deep=core.params.deep_cross)
+        displace = displacements(core)
         for sink, hops in outs.items():
             others = [cost for g, cost in displace.items() if g != sink]
             if others:
@@ -113,17 +113,25 @@ def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
     return ins, outs
 
 
-def displacements(core: NodeCore, deep: bool = False) -> Labels:
-    """Per holder g: the fewest hops for one of g's units here to leave by g's re-route (1 + its sender's
-    label for g: the pure one, or with ``deep`` the cross one, so that g's re-route may displace a third
-    holder's unit in turn); only units that go on from here count."""
+def reroute_hops(core: NodeCore, unit: InUnit) -> int | None:
+    """Hops for holder g to re-route ``unit`` (one of g's, arriving here) away from this node: its sender's
+    label for g, the pure one, or with ``deep_cross`` the walk one (g's re-route may then displace a third
+    holder's unit in turn); None when the sender is unknown or sees no way."""
+    prev = core.neighbours.get(unit.prev)
+    if prev is None:
+        return None
+    return (prev.res_xout if core.params.deep_cross else prev.res_out).get(unit.sink)
+
+
+def displacements(core: NodeCore) -> Labels:
+    """Per holder g: the fewest hops for one of g's units here to leave by g's re-route (1 +
+    ``reroute_hops``); only units that go on from here count."""
     limit = hop_limit(core.n_stages)
     found: Labels = {}
     for unit in core.ins.values():
-        prev = core.neighbours.get(unit.prev)
-        labels = None if prev is None else prev.res_xout if deep else prev.res_out
-        if labels is not None and unit.out_id is not None and unit.sink in labels:
-            _better(found, unit.sink, labels[unit.sink] + 1, limit)
+        hops = reroute_hops(core, unit) if unit.out_id is not None else None
+        if hops is not None:
+            _better(found, unit.sink, hops + 1, limit)
     return found
 
 
