@@ -43,6 +43,16 @@ class Infeasible(Exception):
     """No routing meets the constraints."""
 
 
+def solve_milp(objective: np.ndarray, constraints: list, integrality: np.ndarray, bounds: Bounds):
+    """``scipy.optimize.milp``, asked once more without HiGHS's presolve when it fails (its presolve has
+    wrongly called feasible programs infeasible; gwtfp2p/flow/milp.py does the same)."""
+    result = milp(objective, constraints=constraints, integrality=integrality, bounds=bounds)
+    if not result.success:
+        result = milp(objective, constraints=constraints, integrality=integrality, bounds=bounds,
+                      options={"presolve": False})
+    return result
+
+
 def current_edges(paths) -> Counter:
     """(holder, a, b) -> units of the protocol's routing on that edge."""
     units: Counter = Counter()
@@ -82,7 +92,7 @@ def fewest_removed(instance, paths, target: int, only: str | None = None) -> tup
             if h != only:
                 upper[n + k] = 0.0
     constraints = LinearConstraint(np.vstack([a_rows, *extra_rows]), lo + extra_lo, hi + extra_hi)
-    result = milp(objective, constraints=[constraints], integrality=integrality, bounds=Bounds(0, upper))
+    result = solve_milp(objective, [constraints], integrality, Bounds(0, upper))
     if result.status == 2:
         raise Infeasible(only or "")
     if not result.success:

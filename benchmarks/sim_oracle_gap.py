@@ -33,8 +33,8 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from flow_tight_residual import current_edges  # benchmarks/, beside this
-from scipy.optimize import Bounds, LinearConstraint, milp
+from flow_tight_residual import current_edges, solve_milp  # benchmarks/, beside this
+from scipy.optimize import Bounds, LinearConstraint
 
 from gwtfp2p.flow import milp as oracle_milp
 from gwtfp2p.flow.check import follow_chains
@@ -134,8 +134,8 @@ def fewest_changed_for_gain(instance: FlowInstance, paths: list[Route], gain_s: 
         hi.append(np.inf)
     integrality = np.zeros(n + m)
     integrality[:m] = 1
-    result = milp(np.concatenate([np.zeros(n), np.ones(m)]), integrality=integrality, bounds=Bounds(0, np.inf),
-                  constraints=[LinearConstraint(np.vstack(rows), lo, hi)])
+    result = solve_milp(np.concatenate([np.zeros(n), np.ones(m)]), [LinearConstraint(np.vstack(rows), lo, hi)],
+                        integrality, Bounds(0, np.inf))
     if not result.success:
         return None
     return round(result.fun)
