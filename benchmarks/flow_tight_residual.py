@@ -62,6 +62,32 @@ def current_edges(paths) -> Counter:
     return units
 
 
+def fewest_removals(model, paths, extra: list[tuple[np.ndarray, float, float]], kept_holder: str | None = None):
+    """Minimize the edge units of ``paths`` removed (r_k >= x0_k - x_k, one r per edge of ``model``) under the
+    model's constraints and ``extra`` rows over [model variables | r]; with ``kept_holder`` only that
+    holder's edge units may be removed. The solver's result (x is its first ``len(model.edges)`` values)."""
+    x0 = current_edges(paths)
+    n, m = model.size, len(model.edges)
+    rows = [np.hstack([np.array(model.rows), np.zeros((len(model.rows), m))])] + [r[None] for r, _, _ in extra]
+    lo, hi = list(model.lo) + [v for _, v, _ in extra], list(model.hi) + [v for _, _, v in extra]
+    for k, (h, a, b, _) in enumerate(model.edges):  # r_k + x_k >= x0_k
+        row = np.zeros(n + m)
+        row[k], row[n + k] = 1.0, 1.0
+        rows.append(row[None])
+        lo.append(float(x0.get((h, a, b), 0)))
+        hi.append(np.inf)
+    integrality = np.zeros(n + m)
+    integrality[:m] = 1
+    upper = np.full(n + m, np.inf)
+    upper[m:model.n_flow] = 1.0
+    if kept_holder:
+        for k, (h, _, _, _) in enumerate(model.edges):
+            if h != kept_holder:
+                upper[n + k] = 0.0
+    constraints = LinearConstraint(np.vstack(rows), lo, hi)
+    return solve_milp(np.concatenate([np.zeros(n), np.ones(m)]), [constraints], integrality, Bounds(0, upper))
+
+
 def fewest_removed(instance, paths, target: int, only: str | None = None) -> tuple[int, np.ndarray, list]:
     """Fewest edge units of ``paths`` a routing of ``target`` units must remove (and that routing).
 
@@ -69,30 +95,10 @@ def fewest_removed(instance, paths, target: int, only: str | None = None) -> tup
     (every other holder keeps its routing); raises ``Infeasible`` when that cannot be done.
     """
     model = oracle_milp.build(instance)
-    x0 = current_edges(paths)
-    n, m = model.size, len(model.edges)
-    a_rows = np.hstack([np.array(model.rows), np.zeros((len(model.rows), m))])
-    lo, hi = list(model.lo), list(model.hi)
-    flow = np.concatenate([model.flow_row(only), np.zeros(m)])
+    m = len(model.edges)
     gain = target - len(paths) + sum(1 for p in paths if p[0] == only) if only else target
-    extra_rows, extra_lo, extra_hi = [flow], [float(gain)], [np.inf]
-    for k, (h, a, b, _) in enumerate(model.edges):  # r_k + x_k >= x0_k
-        row = np.zeros(n + m)
-        row[k], row[n + k] = 1.0, 1.0
-        extra_rows.append(row)
-        extra_lo.append(float(x0.get((h, a, b), 0)))
-        extra_hi.append(np.inf)
-    objective = np.concatenate([np.zeros(n), np.ones(m)])
-    integrality = np.zeros(n + m)
-    integrality[:m] = 1
-    upper = np.full(n + m, np.inf)
-    upper[m:model.n_flow] = 1.0
-    if only:
-        for k, (h, _, _, _) in enumerate(model.edges):
-            if h != only:
-                upper[n + k] = 0.0
-    constraints = LinearConstraint(np.vstack([a_rows, *extra_rows]), lo + extra_lo, hi + extra_hi)
-    result = solve_milp(objective, [constraints], integrality, Bounds(0, upper))
+    flow = (np.concatenate([model.flow_row(only), np.zeros(m)]), float(gain), np.inf)
+    result = fewest_removals(model, paths, [flow], kept_holder=only)
     if result.status == 2:
         raise Infeasible(only or "")
     if not result.success:

@@ -28,13 +28,11 @@ import argparse
 import json
 import random
 import statistics
-from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from flow_tight_residual import current_edges, solve_milp  # benchmarks/, beside this
-from scipy.optimize import Bounds, LinearConstraint
+from flow_tight_residual import current_edges, fewest_removals  # benchmarks/, beside this
 
 from gwtfp2p.flow import milp as oracle_milp
 from gwtfp2p.flow.check import follow_chains
@@ -56,11 +54,7 @@ class FixedPathsRouter(OracleRouter):
         self.fixed = fixed
 
     def _solve(self) -> None:
-        cost = self.sim.edge_cost
-        self.paths = {dh: [] for dh in self.sim.iterations.dhs}
-        for path in sorted(self.fixed, key=lambda p: (sum(cost(a, b) for a, b in pairwise(p)), p)):
-            self.paths[path[0]].append(path)
-        self.multiplicity = Counter(self.fixed)
+        self.install(self.fixed)
 
 
 class ExactCostRouter(GwtfRouter):
@@ -113,29 +107,12 @@ def fewest_changed_for_gain(instance: FlowInstance, paths: list[Route], gain_s: 
     model = oracle_milp.build(instance)
     if model.slots:
         raise SystemExit("--scenario: uplink-aware cells (home) are not supported: their cost is not per edge")
-    x0 = current_edges(paths)
-    n, m = model.size, len(model.edges)
-    rows = [np.hstack([np.array(model.rows), np.zeros((len(model.rows), m))])]
-    lo, hi = list(model.lo), list(model.hi)
-    for holder in model.holders:
-        units = sum(1 for p in paths if p[0] == holder)
-        rows.append(np.concatenate([model.flow_row(holder), np.zeros(m)])[None])
-        lo.append(units)
-        hi.append(units)
-    cost = np.concatenate([model.cost_row(), np.zeros(m)])
-    rows.append(cost[None])
-    lo.append(-np.inf)
-    hi.append(sum(x0.get((h, a, b), 0) * c for h, a, b, c in model.edges) - gain_s)
-    for k, (h, a, b, _) in enumerate(model.edges):  # r_k >= x0_k - x_k
-        row = np.zeros(n + m)
-        row[k] = row[n + k] = 1.0
-        rows.append(row[None])
-        lo.append(x0.get((h, a, b), 0))
-        hi.append(np.inf)
-    integrality = np.zeros(n + m)
-    integrality[:m] = 1
-    result = solve_milp(np.concatenate([np.zeros(n), np.ones(m)]), [LinearConstraint(np.vstack(rows), lo, hi)],
-                        integrality, Bounds(0, np.inf))
+    m = len(model.edges)
+    extra = [(np.concatenate([model.flow_row(holder), np.zeros(m)]), units, units)
+             for holder in model.holders for units in [sum(1 for p in paths if p[0] == holder)]]
+    now = sum(current_edges(paths).get((h, a, b), 0) * c for h, a, b, c in model.edges)
+    extra.append((np.concatenate([model.cost_row(), np.zeros(m)]), -np.inf, now - gain_s))
+    result = fewest_removals(model, paths, extra)
     if not result.success:
         return None
     return round(result.fun)

@@ -65,12 +65,16 @@ class OracleRouter(Router):
             return
         result = solve(instance)
         self.solves += 1
+        self.install(result.paths)
+
+    def install(self, routing: list[Path]) -> None:
+        """Route by ``routing`` (one path per unit): each holder's paths, cheapest first."""
         paths: dict[str, list[Path]] = {dh: [] for dh in self.sim.iterations.dhs}
         cost = self.sim.edge_cost
-        for path in sorted(result.paths, key=lambda p: (sum(cost(a, b) for a, b in itertools.pairwise(p)), p)):
+        for path in sorted(routing, key=lambda p: (sum(cost(a, b) for a, b in itertools.pairwise(p)), p)):
             paths[path[0]].append(path)
         self.paths = paths
-        self.multiplicity = Counter(result.paths)
+        self.multiplicity = Counter(routing)
 
     # -- routing -----------------------------------------------------------------------------------
     def _free_path(self, dh: str) -> Path | None:
