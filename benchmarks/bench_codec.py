@@ -5,7 +5,8 @@ iteration) for GPT-2 124m with the issue's microbatch (4 × 1024 tokens) and for
 shapes, from real encodings. ``--speed``: encode and decode MiB/s of a 16 MiB float32 tensor on this
 CPU (median of 5). ``--quality``: training from the same seed, every codec side by side in lockstep
 (forward, backward and aggregate codec alike), loss per iteration saved after each iteration to
-``docs/data/bench_codec-<preset>.json`` and plotted to ``docs/img/codec-loss-<preset>.png``:
+``docs/data/bench_codec-<preset>.json`` (``-seed<N>`` added for a seed other than 0) and plotted to
+``docs/img/codec-loss-<preset>.png``:
 
 * ``--engine harness`` (default): ``PipelineHarness`` with the codecs where a swarm decodes
   (``tests/codec_reference.py``): 1 data holder, 2 stages × 2 replicas: the swarm's arithmetic.
@@ -151,7 +152,7 @@ def quality(args: argparse.Namespace) -> None:
         runs = {c: with_codecs(PipelineHarness(spec, replicas=[2, 2]), WireCodecs(c, c, c)) for c in codecs}
     else:
         runs = {c: LeanPipeline(spec, WireCodecs(c, c, c)) for c in codecs}
-    out = ROOT / "docs" / "data" / f"bench_codec-{args.preset}.json"
+    out = result_path(args.preset, args.seed)
     result = {"spec": vars(spec), "engine": args.engine, "codecs": codecs, "losses": {c: [] for c in codecs},
               "seconds": {c: 0.0 for c in codecs}, "in_sync": True if args.engine == "harness" else None}
     started = time.time()
@@ -174,7 +175,21 @@ def quality(args: argparse.Namespace) -> None:
             print(f"stopped after {t + 1} iterations: the {args.budget_h} h budget is spent")
             break
     summarize(result)
-    plot(result, ROOT / "docs" / "img" / f"codec-loss-{args.preset}.png")
+    plot(result, plot_path(args.preset, args.seed))
+
+
+def result_path(preset: str, seed: int) -> Path:
+    """Where a quality run's JSON goes: ``bench_codec-<preset>.json`` for seed 0, ``-seed<N>`` for others."""
+    return ROOT / "docs" / "data" / f"bench_codec-{preset}{seed_suffix(seed)}.json"
+
+
+def plot_path(preset: str, seed: int) -> Path:
+    """Where a quality run's quick plot goes (docs/bandwidth.md's figures come from ``codec_figures.py``)."""
+    return ROOT / "docs" / "img" / f"codec-loss-{preset}{seed_suffix(seed)}.png"
+
+
+def seed_suffix(seed: int) -> str:
+    return "" if seed == 0 else f"-seed{seed}"
 
 
 def final_loss(losses: list[float], window: int) -> float:
@@ -239,9 +254,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.replot:
-        result = json.loads((ROOT / "docs" / "data" / f"bench_codec-{args.preset}.json").read_text())
+        result = json.loads(result_path(args.preset, args.seed).read_text())
         summarize(result)
-        plot(result, ROOT / "docs" / "img" / f"codec-loss-{args.preset}.png")
+        plot(result, plot_path(args.preset, args.seed))
         return
     if args.bytes:
         print_bytes()

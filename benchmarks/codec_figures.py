@@ -2,9 +2,11 @@
 
 ``--plot``: training quality per wire codec from ``docs/data/bench_codec-<preset>.json`` (written by
 ``bench_codec.py --quality``): the loss curves and the final-loss difference vs ``none``, as PNGs under
-``docs/img/bandwidth-*`` and a printed summary. ``--bytes``: the wire bytes of one microbatch per hop
-and of each part's aggregation contribution, computed with ``encoded_bytes`` and the parts' parameter
-counts (models built on the meta device: no weights, no training), as a markdown table.
+``docs/img/bandwidth-*`` and a printed summary. ``--seeds``: the final-loss differences of every saved
+seed (``bench_codec-<preset>-seed<N>.json`` beside seed 0's file), printed and plotted. ``--bytes``: the
+wire bytes of one microbatch per hop and of each part's aggregation contribution, computed with
+``encoded_bytes`` and the parts' parameter counts (models built on the meta device: no weights, no
+training), as a markdown table.
 
     .venv/bin/python benchmarks/codec_figures.py --plot --bytes
 """
@@ -60,6 +62,53 @@ def summarize(result: dict, window: int) -> None:
         worst = max(abs(100.0 * (x - y) / y) for x, y in zip(result["losses"][codec], none, strict=True))
         print(f"  {codec:<11}{final:8.4f} {percent:+7.2f} % vs none   worst single iteration {worst:5.2f} %   "
               f"{result['seconds'][codec] / n:5.2f} s per iteration")
+
+
+def seed_runs(preset: str) -> list[dict]:
+    """Every saved quality run of ``preset`` (seed 0's file and the ``-seed<N>`` ones), by seed."""
+    data = ROOT / "docs" / "data"
+    paths = [data / f"bench_codec-{preset}.json", *data.glob(f"bench_codec-{preset}-seed*.json")]
+    runs = [json.loads(path.read_text()) for path in paths if path.exists()]
+    return sorted(runs, key=lambda run: run["spec"]["seed"])
+
+
+def summarize_seeds(runs: list[dict], window: int) -> dict[str, list[float]]:
+    """Per codec: its final loss vs none in % for each run (by seed), printed with their mean and range."""
+    per_codec: dict[str, list[float]] = {}
+    for run in runs:
+        for codec, (_, percent) in final_differences(run, window).items():
+            per_codec.setdefault(codec, []).append(percent)
+    seeds = ", ".join(f"{run['spec']['seed']} ({run['iterations']} it.)" for run in runs)
+    print(f"final loss vs none, mean of the last {window} iterations; seeds {seeds}")
+    for codec, values in per_codec.items():
+        shown = "  ".join(f"{v:+6.2f}" for v in values)
+        print(f"  {codec:<11} {shown}   mean {statistics.fmean(values):+6.2f} %, "
+              f"range {min(values):+.2f} to {max(values):+.2f} %")
+    return per_codec
+
+
+def plot_seeds(per_codec: dict[str, list[float]], runs: list[dict], window: int, path: Path) -> None:
+    """The final loss vs none of every seed, one column per codec, with the issue's goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    for k, values in enumerate(per_codec.values()):
+        ax.scatter([k] * len(values), values, color=f"C{k}", s=18)
+        ax.hlines(statistics.fmean(values), k - 0.25, k + 0.25, color=f"C{k}", linewidth=1.5)
+    ax.set_xticks(range(len(per_codec)), list(per_codec))
+    for y in (-GOAL_PERCENT, GOAL_PERCENT):
+        ax.axhline(y, color="red", linewidth=0.6, linestyle="--")
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_ylim(-1.25 * GOAL_PERCENT, 1.25 * GOAL_PERCENT)
+    ax.set_ylabel("final loss vs none (%)")
+    ax.set_title(f"{len(runs)} seeds: mean loss of the last {window} iterations vs none (dots: seeds, bars: mean)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_quality(result: dict, window: int, img_dir: Path) -> list[Path]:
@@ -166,6 +215,7 @@ def bytes_tables() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plot", action="store_true", help="plot and summarize the saved quality run")
+    parser.add_argument("--seeds", action="store_true", help="summarize and plot every saved seed of --preset")
     parser.add_argument("--bytes", action="store_true", help="print the computed bytes tables")
     parser.add_argument("--preset", default="small", help="which docs/data/bench_codec-<preset>.json")
     parser.add_argument("--window", type=int, default=20, help="iterations averaged for the final loss")
@@ -175,6 +225,11 @@ def main() -> None:
         summarize(result, args.window)
         for path in plot_quality(result, args.window, ROOT / "docs" / "img"):
             print(f"plot: {path.relative_to(ROOT)}")
+    if args.seeds:
+        runs = seed_runs(args.preset)
+        path = ROOT / "docs" / "img" / f"bandwidth-seeds-{args.preset}.png"
+        plot_seeds(summarize_seeds(runs, args.window), runs, args.window, path)
+        print(f"plot: {path.relative_to(ROOT)}")
     if args.bytes:
         bytes_tables()
 
