@@ -32,6 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from codec_figures import result_path, seed_suffix  # benchmarks/, beside this: the saved runs' names
+
 from gwtfp2p.config import WIRE_CODECS, RunSpec
 from gwtfp2p.daemon.lifecycle.parts import load_sampler
 from gwtfp2p.model.aggregate import make_optimizer
@@ -178,18 +180,9 @@ def quality(args: argparse.Namespace) -> None:
     plot(result, plot_path(args.preset, args.seed))
 
 
-def result_path(preset: str, seed: int) -> Path:
-    """Where a quality run's JSON goes: ``bench_codec-<preset>.json`` for seed 0, ``-seed<N>`` for others."""
-    return ROOT / "docs" / "data" / f"bench_codec-{preset}{seed_suffix(seed)}.json"
-
-
 def plot_path(preset: str, seed: int) -> Path:
     """Where a quality run's quick plot goes (docs/bandwidth.md's figures come from ``codec_figures.py``)."""
     return ROOT / "docs" / "img" / f"codec-loss-{preset}{seed_suffix(seed)}.png"
-
-
-def seed_suffix(seed: int) -> str:
-    return "" if seed == 0 else f"-seed{seed}"
 
 
 def final_loss(losses: list[float], window: int) -> float:

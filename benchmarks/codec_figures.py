@@ -64,10 +64,18 @@ def summarize(result: dict, window: int) -> None:
               f"{result['seconds'][codec] / n:5.2f} s per iteration")
 
 
+def result_path(preset: str, seed: int) -> Path:
+    """Where a quality run's JSON goes: ``bench_codec-<preset>.json`` for seed 0, ``-seed<N>`` for others."""
+    return ROOT / "docs" / "data" / f"bench_codec-{preset}{seed_suffix(seed)}.json"
+
+
+def seed_suffix(seed: int) -> str:
+    return "" if seed == 0 else f"-seed{seed}"
+
+
 def seed_runs(preset: str) -> list[dict]:
     """Every saved quality run of ``preset`` (seed 0's file and the ``-seed<N>`` ones), by seed."""
-    data = ROOT / "docs" / "data"
-    paths = [data / f"bench_codec-{preset}.json", *data.glob(f"bench_codec-{preset}-seed*.json")]
+    paths = [result_path(preset, 0), *result_path(preset, 0).parent.glob(f"bench_codec-{preset}-seed*.json")]
     runs = [json.loads(path.read_text()) for path in paths if path.exists()]
     return sorted(runs, key=lambda run: run["spec"]["seed"])
 
@@ -87,7 +95,7 @@ def summarize_seeds(runs: list[dict], window: int) -> dict[str, list[float]]:
     return per_codec
 
 
-def plot_seeds(per_codec: dict[str, list[float]], runs: list[dict], window: int, path: Path) -> None:
+def plot_seeds(per_codec: dict[str, list[float]], window: int, path: Path) -> None:
     """The final loss vs none of every seed, one column per codec, with the issue's goal."""
     import matplotlib
 
@@ -104,7 +112,8 @@ def plot_seeds(per_codec: dict[str, list[float]], runs: list[dict], window: int,
     ax.axhline(0, color="grey", linewidth=0.5)
     ax.set_ylim(-1.25 * GOAL_PERCENT, 1.25 * GOAL_PERCENT)
     ax.set_ylabel("final loss vs none (%)")
-    ax.set_title(f"{len(runs)} seeds: mean loss of the last {window} iterations vs none (dots: seeds, bars: mean)",
+    n_seeds = len(next(iter(per_codec.values())))
+    ax.set_title(f"{n_seeds} seeds: mean loss of the last {window} iterations vs none (dots: seeds, bars: mean)",
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -221,14 +230,14 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=20, help="iterations averaged for the final loss")
     args = parser.parse_args()
     if args.plot:
-        result = json.loads((ROOT / "docs" / "data" / f"bench_codec-{args.preset}.json").read_text())
+        result = json.loads(result_path(args.preset, 0).read_text())
         summarize(result, args.window)
         for path in plot_quality(result, args.window, ROOT / "docs" / "img"):
             print(f"plot: {path.relative_to(ROOT)}")
     if args.seeds:
         runs = seed_runs(args.preset)
         path = ROOT / "docs" / "img" / f"bandwidth-seeds-{args.preset}.png"
-        plot_seeds(summarize_seeds(runs, args.window), runs, args.window, path)
+        plot_seeds(summarize_seeds(runs, args.window), args.window, path)
         print(f"plot: {path.relative_to(ROOT)}")
     if args.bytes:
         bytes_tables()
