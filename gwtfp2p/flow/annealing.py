@@ -167,24 +167,36 @@ class Annealer:
         return [(p, p.table) for p in c.peers()
                 if p.table is not None and c.now - p.table_tick <= horizon and p.node_id not in self.moves.avoid]
 
-    def _takeovers(self, peer: Neighbour, table: FlowTable) -> Candidate | None:
+    def _takeover(self, peer: Neighbour, table: FlowTable, u: TableUnit) -> Candidate | None:
+        """Taking over the peer's unit ``u`` (prev -> peer -> next becomes prev -> me -> next), with its
+        gain; None when a link is missing."""
         c = self.core
-        if c.spare() < 1:
+        my_in, my_out = c.cost_to(u.prev), c.cost_to(u.next)
+        if my_in is None or my_out is None:
             return None
-        weight = c.params.max_path_weight
         uplink = table.uplink_s_per_unit * (table.load - 1) - c.marginal_cost()  # the peer's wait saved
-        best, best_gain = None, -math.inf
-        for u in table.units:
-            my_in, my_out = c.cost_to(u.prev), c.cost_to(u.next)
-            if my_in is None or my_out is None:
-                continue
-            old = u.up_cost + u.down_cost
-            gain = gain1(old, old + my_in + my_out - u.in_cost - u.out_cost, weight) + uplink
-            if gain > best_gain:
-                best, best_gain = (u, my_in, my_out), gain
-        if best is None:
+        old = u.up_cost + u.down_cost
+        gain = gain1(old, old + my_in + my_out - u.in_cost - u.out_cost, c.params.max_path_weight) + uplink
+        return Candidate("takeover", gain, peer.node_id, u, costs=(my_in, my_out))
+
+    def _takeovers(self, peer: Neighbour, table: FlowTable) -> Candidate | None:
+        if self.core.spare() < 1:
             return None
-        return Candidate("takeover", best_gain, peer.node_id, best[0], costs=(best[1], best[2]))
+        return self._best_of(*(self._takeover(peer, table, u) for u in table.units))
+
+    def take_over_for_flow(self, peer: Neighbour, in_id: str) -> bool:
+        """Take over the peer's unit ``in_id`` whatever its gain (an augmenting step asked, augment.py):
+        the peer's slot is freed for a blocked holder. False when it cannot be proposed now."""
+        c = self.core
+        table = peer.table
+        if c.is_data_holder or c.spare() < 1 or c.pending is not None or table is None:
+            return False
+        unit = next((u for u in table.units if u.in_id == in_id), None)
+        move = None if unit is None else self._takeover(peer, table, unit)
+        if move is None:
+            return False
+        self._execute(move)
+        return True
 
     def _swaps(self, peer: Neighbour, table: FlowTable) -> Candidate | None:
         c = self.core

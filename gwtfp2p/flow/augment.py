@@ -14,11 +14,12 @@ stale labels simply ends; the holder walks again later.
 
 from __future__ import annotations
 
+from gwtfp2p.flow.annealing import Annealer
 from gwtfp2p.flow.core import INF, Neighbour, NodeCore
 from gwtfp2p.flow.growth import Growth
 from gwtfp2p.flow.messages import Augment
 from gwtfp2p.flow.reroute import Rerouter
-from gwtfp2p.flow.residual import ResidualDistances, hop_limit, reroute_hops
+from gwtfp2p.flow.residual import ResidualDistances, hop_limit, reroute_hops, takeover_offer
 
 NEW_UNIT = ""  # ``Augment.edge_id`` of a walk that arrives forward: a new unit would enter the receiver
 
@@ -31,8 +32,10 @@ def augment_period_ticks(core: NodeCore) -> int:
 class Augmenter:
     """Starts walks at a blocked holder, passes them on at relays, and starts the step at their end."""
 
-    def __init__(self, core: NodeCore, growth: Growth, rerouter: Rerouter, residual: ResidualDistances) -> None:
+    def __init__(self, core: NodeCore, growth: Growth, rerouter: Rerouter, residual: ResidualDistances,
+                 annealer: Annealer) -> None:
         self.core = core
+        self.annealer = annealer
         self.growth = growth
         self.rerouter = rerouter
         self.residual = residual
@@ -58,6 +61,9 @@ class Augmenter:
             return  # a walk that reached the sink forward had nothing to displace
         if msg.edge_id == NEW_UNIT and sender.stage == c.prev_stage:
             self._arrive(msg.sink, msg.budget - 1, msg.pure)
+        elif msg.edge_id != NEW_UNIT and sender.stage == c.stage and c.params.takeover_steps:
+            if self.annealer.take_over_for_flow(sender, msg.edge_id):  # the sender's slot is freed
+                self.steps_started += 1
         elif msg.edge_id != NEW_UNIT and sender.stage == c.next_stage:
             out = c.outs.get(msg.edge_id)
             if out is not None and out.next == msg.sender and out.sink == msg.sink:
@@ -77,6 +83,12 @@ class Augmenter:
         forward = self._best_forward(sink, None, pure) if c.spare() > 0 else None
         if forward is not None:
             options.append((forward[1], 1, lambda: self._forward(sink, budget, None, pure)))
+        if not pure and c.spare() <= 0 and sink in self.residual.xouts and c.params.takeover_steps:
+            offer = takeover_offer(c)
+            if offer is not None:
+                taken, peer = offer
+                options.append((self.residual.xouts[sink], 3, lambda: c.send(
+                    peer.node_id, Augment(c.node_id, sink, budget, taken.edge_id, pure))))
         if not pure and c.spare() <= 0 and sink in self.residual.xouts:
             other = self._best_other(sink)
             if other is not None:

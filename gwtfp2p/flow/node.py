@@ -92,7 +92,7 @@ class FlowNode:
         self.softstate = SoftState(self.core)
         self.rerouter = Rerouter(self.core, self.growth, self.moves)
         self.residual = ResidualDistances(self.core)
-        self.augmenter = Augmenter(self.core, self.growth, self.rerouter, self.residual)
+        self.augmenter = Augmenter(self.core, self.growth, self.rerouter, self.residual, self.annealer)
         self.fairness = FairShare(self.core, self.residual)
         self._handlers = {
             Advert: self.adverts.on_advert, Request: self.growth.on_request, Accept: self.growth.on_accept,

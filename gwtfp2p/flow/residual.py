@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gwtfp2p.flow.core import InUnit, NodeCore, Pacing
+from gwtfp2p.flow.core import InUnit, Neighbour, NodeCore, Pacing
 from gwtfp2p.flow.messages import Residual
 
+TABLE_HORIZON_PERIODS = 6  # a peer's flow table older than this many table periods is not relied on
 HOP_LIMIT_PER_STAGE = 4  # hop limit = this × (stages + 1): a path may visit each stage a few times
 
 
@@ -78,8 +79,37 @@ def _better(labels: Labels, sink: str, hops: int, limit: int) -> None:
         labels[sink] = hops
 
 
+Routes = dict[str, dict[str, int]]  # sink -> the neighbour a label comes through -> fewest hops that way
+END = ""  # the "neighbour" of a way that enters its holder as the sink (a path's end, never a way back)
+
+
+def _route(routes: Routes, sink: str, via: str, hops: int, limit: int) -> None:
+    ways = routes.setdefault(sink, {})
+    if hops <= limit and hops < ways.get(via, limit + 1):
+        ways[via] = hops
+
+
+def best(routes: Routes, exclude: str | None = None) -> Labels:
+    """Per sink the fewest hops over the ways that do not come through ``exclude`` (poisoned reverse: a
+    neighbour is never offered a label that leads back through itself, which on the residual graph's
+    cycles counted up one round trip at a time to the hop limit)."""
+    labels: Labels = {}
+    for sink, ways in routes.items():
+        hops = [h for via, h in ways.items() if via != exclude]
+        if hops:
+            labels[sink] = min(hops)
+    return labels
+
+
 def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
-    """This node's (ins, outs) labels from its units and its neighbours' last labels (pure).
+    """This node's (ins, outs) labels from its units and its neighbours' last labels (pure); see
+    ``routes``."""
+    ins, outs = routes(core, cross)
+    return best(ins), best(outs)
+
+
+def routes(core: NodeCore, cross: bool = False) -> tuple[Routes, Routes]:
+    """This node's (ins, outs) ways per sink, each by the neighbour it comes through.
 
     ``cross``: the labels a walk follows, which also let a newcomer into a full relay X by displacing
     another holder g's unit from P, when g could re-route it (P's pure label for g is finite; with
@@ -87,30 +117,38 @@ def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
     1 + P's label for g, and the newcomer goes on from X by X's own ``outs``.
     """
     limit = hop_limit(core.n_stages)
-    outs: Labels = {}
+    outs: Routes = {}
     for neighbour in core.next_neighbours():
+        via = END if neighbour.stage == 0 else neighbour.node_id  # a holder entered forward is a path's end
         for sink, hops in (neighbour.res_xin if cross else neighbour.res_in).items():
-            _better(outs, sink, hops + 1, limit)
+            _route(outs, sink, via, hops + 1, limit)
     if core.is_data_holder:
-        return {core.node_id: 0}, {s: h for s, h in outs.items() if s == core.node_id}
-    back: Labels = {}
+        return {core.node_id: {core.node_id: 0}}, {s: w for s, w in outs.items() if s == core.node_id}
+    back: Routes = {}
     for unit in core.ins.values():
         prev = core.neighbours.get(unit.prev)
         labels = None if prev is None else prev.res_xout if cross else prev.res_out
         if labels is not None and unit.sink in labels:
-            _better(back, unit.sink, labels[unit.sink] + 1, limit)
-    for sink, hops in back.items():
-        _better(outs, sink, hops, limit)
-    ins: Labels = dict(outs) if core.spare() > 0 else {}
-    for sink, hops in back.items():
-        _better(ins, sink, hops, limit)
+            _route(back, unit.sink, unit.prev, labels[unit.sink] + 1, limit)
+    _merge(outs, back, 0, limit)
+    ins: Routes = {}
+    if core.spare() > 0:
+        _merge(ins, outs, 0, limit)
+    _merge(ins, back, 0, limit)
     if cross and core.spare() <= 0:
         displace = displacements(core)
-        for sink, hops in outs.items():
-            others = [cost for g, cost in displace.items() if g != sink]
+        taken = core.params.takeover_steps and takeover_offer(core) is not None
+        for sink in list(outs):
+            others = [cost for g, cost in displace.items() if g != sink] + ([1] if taken else [])
             if others:
-                _better(ins, sink, hops + min(others), limit)
+                _merge(ins, {sink: outs[sink]}, min(others), limit)
     return ins, outs
+
+
+def _merge(into: Routes, ways: Routes, extra: int, limit: int) -> None:
+    for sink, by_via in ways.items():
+        for via, hops in by_via.items():
+            _route(into, sink, via, hops + extra, limit)
 
 
 def reroute_hops(core: NodeCore, unit: InUnit) -> int | None:
@@ -121,6 +159,29 @@ def reroute_hops(core: NodeCore, unit: InUnit) -> int | None:
     if prev is None:
         return None
     return (prev.res_xout if core.params.deep_cross else prev.res_out).get(unit.sink)
+
+
+def takeover_offer(core: NodeCore) -> tuple[InUnit, Neighbour] | None:
+    """One of this node's units that a same-stage peer could take over (its last flow table shows spare
+    capacity and links to the unit's previous and next hop), and that peer: the slot a newcomer gets
+    when the peer takes the unit over, the unit keeping its path on both sides. Of several, the one
+    that adds the least to the unit's path cost."""
+    horizon = TABLE_HORIZON_PERIODS * core.params.table_period_ticks
+    peers = [(peer, dict(peer.table.costs)) for peer in core.peers()
+             if peer.table is not None and core.now - peer.table_tick <= horizon and peer.table.spare > 0]
+    best: tuple[float, str, str, InUnit, Neighbour] | None = None
+    for unit in core.ins.values():
+        out = core.outs.get(unit.out_id) if unit.out_id else None
+        mine = (core.cost_to(unit.prev), core.cost_to(out.next)) if out is not None else (None, None)
+        if out is None or not (out.confirmed and out.complete) or None in mine:
+            continue
+        for peer, costs in peers:
+            if unit.prev in costs and out.next in costs:
+                added = costs[unit.prev] + costs[out.next] - mine[0] - mine[1]  # the path's cost grows by this
+                key = (added, unit.edge_id, peer.node_id)
+                if best is None or key < best[:3]:
+                    best = (*key, unit, peer)
+    return None if best is None else (best[3], best[4])
 
 
 def displacements(core: NodeCore) -> Labels:
@@ -156,28 +217,26 @@ class ResidualDistances:
         self.wants: dict[str, Want] = {}
         self._wants_seen: dict[str, tuple[Notice, int]] = {}  # holder -> (its notice, our tick when it advanced)
         self._own_want: Want | None = None
-        self.last_sent: tuple[Labels, ...] | None = None
+        self.last_sent: tuple | None = None
         self.pacing = Pacing(core.params.residual_period_ticks)
 
     def tick(self) -> None:
         c = self.core
         if not self.pacing.due(c.now):
             return
-        self.ins, self.outs = distances(c)
-        self.xins, self.xouts = distances(c, cross=True)
+        ways = (*routes(c), *routes(c, cross=True))
+        self.ins, self.outs, self.xins, self.xouts = (best(w) for w in ways)
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         self.wants = self._wants()
-        labels = (self.ins, self.outs, self.xins, self.xouts, self.blocked, self.wants)
+        labels = (ways, self.blocked, self.wants)
         if labels == self.last_sent and not self.pacing.stale(c.now):
             return
-        message = Residual(c.node_id, tuple(sorted(self.ins.items())), tuple(sorted(self.outs.items())),
-                           tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())),
-                           tuple(sorted(self.xins.items())),
-                           tuple(sorted(self.xouts.items())),
-                           tuple(sorted((k, *w) for k, w in self.wants.items())))
+        blocked = tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items()))
+        wants = tuple(sorted((k, *w) for k, w in self.wants.items()))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            c.send(neighbour.node_id, message)
+            ins, outs, xins, xouts = (tuple(sorted(best(w, neighbour.node_id).items())) for w in ways)
+            c.send(neighbour.node_id, Residual(c.node_id, ins, outs, blocked, xins, xouts, wants))
         self.last_sent, self.pacing.last_tick = labels, c.now
 
     def _blocked(self) -> dict[str, tuple[int, int]]:
