@@ -47,6 +47,7 @@ class Neighbour:
     res_xin: dict[str, int] = field(default_factory=dict)
     res_xout: dict[str, int] = field(default_factory=dict)
     res_wants: tuple[tuple[str, int, int, int], ...] = ()  # (holder, its tick, hops, units routed) wanting more
+    res_paths: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # (kind, sink) -> its way
 
 
 @dataclass

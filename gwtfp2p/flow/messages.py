@@ -223,7 +223,9 @@ class Residual:
     sender's hops to it); ``xins`` /
     ``xouts``: the labels a walk follows, which may also displace another holder's unit; ``wants``:
     holders that want more units and have no path with spare capacity (holder, its tick when it last
-    said so, the sender's hops to it, the units it routes), for fairness between holders (fairness.py)."""
+    said so, the sender's hops to it, the units it routes), for fairness between holders (fairness.py);
+    ``paths``: (label kind, sink, the vertices its way visits), so that no node takes a way that passes
+    through itself."""
 
     sender: str
     ins: tuple[tuple[str, int], ...]
@@ -232,6 +234,7 @@ class Residual:
     xins: tuple[tuple[str, int], ...] = ()
     xouts: tuple[tuple[str, int], ...] = ()
     wants: tuple[tuple[str, int, int, int], ...] = ()
+    paths: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ augmenting step (issue 15) will follow, and a local test that a holder's flow is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from gwtfp2p.flow.core import InUnit, Neighbour, NodeCore, Pacing
@@ -33,6 +34,10 @@ def hop_limit(n_stages: int) -> int:
     return HOP_LIMIT_PER_STAGE * (n_stages + 1)
 
 
+def max_path(limit: int) -> int:
+    return MAX_PATH_PER_HOP * limit + 2
+
+
 def flag_ttl_ticks(core: NodeCore) -> int:
     """How long a blocked holder's flag lives without a newer tick from it (a few residual periods)."""
     return 4 * core.params.residual_period_ticks
@@ -43,6 +48,7 @@ def want_ttl_ticks(core: NodeCore) -> int:
     return 6 * Pacing(core.params.residual_period_ticks).keepalive * core.params.residual_period_ticks
 
 
+MAX_PATH_PER_HOP = 3  # a way's path: at most two vertices per hop, and the re-routes it displaces
 MAX_UNITS = 1_000_000  # a holder's routed count above this is refused (untrusted input)
 Want = tuple[int, int, int]  # (the holder's tick when it last said so, hops to it, units it routes)
 Notice = tuple[int, ...]  # (the holder's tick when it last said so, hops to it, anything it carries)
@@ -74,42 +80,58 @@ def forget_ticks(core: NodeCore) -> int:
 Labels = dict[str, int]
 
 
-def _better(labels: Labels, sink: str, hops: int, limit: int) -> None:
-    if hops <= limit and hops < labels.get(sink, limit + 1):
-        labels[sink] = hops
-
-
-Routes = dict[str, dict[str, int]]  # sink -> the neighbour a label comes through -> fewest hops that way
+Path = tuple[str, ...]  # the split vertices a label's way visits: IN + id (a unit arriving), OUT + id (leaving)
+Routes = dict[str, dict[str, tuple[int, Path]]]  # sink -> the neighbour a way comes through -> (hops, path)
 END = ""  # the "neighbour" of a way that enters its holder as the sink (a path's end, never a way back)
+IN, OUT = "<", ">"
+KINDS = ("in", "out", "xin", "xout")  # the label kinds a ``Residual`` carries paths for
 
 
-def _route(routes: Routes, sink: str, via: str, hops: int, limit: int) -> None:
+def _route(routes: Routes, sink: str, via: str, hops: int, path: Path, limit: int) -> None:
     ways = routes.setdefault(sink, {})
-    if hops <= limit and hops < ways.get(via, limit + 1):
-        ways[via] = hops
+    if hops <= limit and len(path) <= max_path(limit) and hops < ways.get(via, (limit + 1,))[0]:
+        ways[via] = (hops, path)
 
 
-def best(routes: Routes, exclude: str | None = None) -> Labels:
-    """Per sink the fewest hops over the ways that do not come through ``exclude`` (poisoned reverse: a
-    neighbour is never offered a label that leads back through itself, which on the residual graph's
-    cycles counted up one round trip at a time to the hop limit)."""
-    labels: Labels = {}
+def _extend(into: Routes, ways: Routes, vertex: str, extra: int, limit: int) -> None:
+    """Ways of ``ways`` entered from ``vertex`` (at ``extra`` hops more), those that do not visit it again."""
+    for sink, by_via in ways.items():
+        for via, (hops, path) in by_via.items():
+            if vertex not in path:
+                _route(into, sink, via, hops + extra, (vertex, *path), limit)
+
+
+def best(routes: Routes, avoid: str | None = None) -> dict[str, tuple[int, Path]]:
+    """Per sink the shortest way that does not visit the vertex ``avoid``: a neighbour is offered no way that
+    leads back through itself (path vector), so labels on the residual graph's cycles do not count up one
+    round trip at a time to the hop limit when the way they stood for is gone."""
+    found: dict[str, tuple[int, Path]] = {}
     for sink, ways in routes.items():
-        hops = [h for via, h in ways.items() if via != exclude]
-        if hops:
-            labels[sink] = min(hops)
-    return labels
+        for hops, path in ways.values():
+            if avoid not in path and hops < found.get(sink, (math.inf,))[0]:
+                found[sink] = (hops, path)
+    return found
+
+
+def labels_of(routes: Routes) -> Labels:
+    return {sink: hops for sink, (hops, _) in best(routes).items()}
 
 
 def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
     """This node's (ins, outs) labels from its units and its neighbours' last labels (pure); see
     ``routes``."""
     ins, outs = routes(core, cross)
-    return best(ins), best(outs)
+    return labels_of(ins), labels_of(outs)
+
+
+def _neighbour_ways(core: NodeCore, neighbour: Neighbour, kind: str, via: str) -> Routes:
+    labels = {"in": neighbour.res_in, "out": neighbour.res_out, "xin": neighbour.res_xin,
+              "xout": neighbour.res_xout}[kind]
+    return {sink: {via: (hops, neighbour.res_paths.get((kind, sink), ()))} for sink, hops in labels.items()}
 
 
 def routes(core: NodeCore, cross: bool = False) -> tuple[Routes, Routes]:
-    """This node's (ins, outs) ways per sink, each by the neighbour it comes through.
+    """This node's (ins, outs) ways per sink, each by the neighbour it comes through, with its path.
 
     ``cross``: the labels a walk follows, which also let a newcomer into a full relay X by displacing
     another holder g's unit from P, when g could re-route it (P's pure label for g is finite; with
@@ -117,38 +139,49 @@ def routes(core: NodeCore, cross: bool = False) -> tuple[Routes, Routes]:
     1 + P's label for g, and the newcomer goes on from X by X's own ``outs``.
     """
     limit = hop_limit(core.n_stages)
+    me_in, me_out = IN + core.node_id, OUT + core.node_id
+    kind_in, kind_out = ("xin", "xout") if cross else ("in", "out")
     outs: Routes = {}
     for neighbour in core.next_neighbours():
         via = END if neighbour.stage == 0 else neighbour.node_id  # a holder entered forward is a path's end
-        for sink, hops in (neighbour.res_xin if cross else neighbour.res_in).items():
-            _route(outs, sink, via, hops + 1, limit)
+        _extend(outs, _neighbour_ways(core, neighbour, kind_in, via), me_out, 1, limit)
     if core.is_data_holder:
-        return {core.node_id: {core.node_id: 0}}, {s: w for s, w in outs.items() if s == core.node_id}
+        return {core.node_id: {core.node_id: (0, (me_in,))}}, {s: w for s, w in outs.items() if s == core.node_id}
     back: Routes = {}
     for unit in core.ins.values():
         prev = core.neighbours.get(unit.prev)
-        labels = None if prev is None else prev.res_xout if cross else prev.res_out
-        if labels is not None and unit.sink in labels:
-            _route(back, unit.sink, unit.prev, labels[unit.sink] + 1, limit)
-    _merge(outs, back, 0, limit)
+        if prev is not None:
+            ways = _neighbour_ways(core, prev, kind_out, prev.node_id)
+            _extend(back, {unit.sink: ways[unit.sink]} if unit.sink in ways else {}, me_in, 1, limit)
+    _extend(outs, back, me_out, 0, limit)  # X_out -> X_in (0 hops) -> the unit's sender
     ins: Routes = {}
     if core.spare() > 0:
-        _merge(ins, outs, 0, limit)
-    _merge(ins, back, 0, limit)
+        _extend(ins, outs, me_in, 0, limit)
+    for sink, by_via in back.items():
+        for via, (hops, path) in by_via.items():
+            _route(ins, sink, via, hops, path, limit)
     if cross and core.spare() <= 0:
-        displace = displacements(core)
-        taken = core.params.takeover_steps and takeover_offer(core) is not None
-        for sink in list(outs):
-            others = [cost for g, cost in displace.items() if g != sink] + ([1] if taken else [])
-            if others:
-                _merge(ins, {sink: outs[sink]}, min(others), limit)
+        _displacing(core, ins, outs, limit)
     return ins, outs
 
 
-def _merge(into: Routes, ways: Routes, extra: int, limit: int) -> None:
-    for sink, by_via in ways.items():
-        for via, hops in by_via.items():
-            _route(into, sink, via, hops + extra, limit)
+def _displacing(core: NodeCore, ins: Routes, outs: Routes, limit: int) -> None:
+    """A full relay's walk labels: a newcomer takes the slot of another holder g's unit (g re-routes it,
+    or a same-stage peer takes it over) and goes on by our ``outs``. The way's path holds g's re-route
+    too, so that a chain of displacements that comes back here is not taken (it would count up)."""
+    me_in = IN + core.node_id
+    displace = displacements(core)
+    taken = core.params.takeover_steps and takeover_offer(core) is not None
+    for sink in list(outs):
+        others = [way for g, way in displace.items() if g != sink and me_in not in way[1]]
+        if taken:
+            others.append((1, ()))
+        if not others:
+            continue
+        cost, g_path = min(others)
+        for via, (hops, path) in outs[sink].items():
+            if me_in not in path:
+                _route(ins, sink, via, hops + cost, (me_in, *path, *g_path), limit)
 
 
 def reroute_hops(core: NodeCore, unit: InUnit) -> int | None:
@@ -184,15 +217,16 @@ def takeover_offer(core: NodeCore) -> tuple[InUnit, Neighbour] | None:
     return None if best is None else (best[3], best[4])
 
 
-def displacements(core: NodeCore) -> Labels:
+def displacements(core: NodeCore) -> dict[str, tuple[int, Path]]:
     """Per holder g: the fewest hops for one of g's units here to leave by g's re-route (1 +
-    ``reroute_hops``); only units that go on from here count."""
+    ``reroute_hops``), with the way g's re-route takes; only units that go on from here count."""
     limit = hop_limit(core.n_stages)
-    found: Labels = {}
+    found: dict[str, tuple[int, Path]] = {}
+    kind = "xout" if core.params.deep_cross else "out"
     for unit in core.ins.values():
         hops = reroute_hops(core, unit) if unit.out_id is not None else None
-        if hops is not None:
-            _better(found, unit.sink, hops + 1, limit)
+        if hops is not None and hops + 1 <= limit and hops + 1 < found.get(unit.sink, (math.inf,))[0]:
+            found[unit.sink] = (hops + 1, core.neighbours[unit.prev].res_paths.get((kind, unit.sink), ()))
     return found
 
 
@@ -224,20 +258,27 @@ class ResidualDistances:
         c = self.core
         if not self.pacing.due(c.now):
             return
-        ways = (*routes(c), *routes(c, cross=True))
-        self.ins, self.outs, self.xins, self.xouts = (best(w) for w in ways)
+        ways = dict(zip(KINDS, (*routes(c), *routes(c, cross=True)), strict=True))
+        self.ins, self.outs, self.xins, self.xouts = (labels_of(ways[kind]) for kind in KINDS)
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         self.wants = self._wants()
         labels = (ways, self.blocked, self.wants)
         if labels == self.last_sent and not self.pacing.stale(c.now):
             return
-        blocked = tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items()))
-        wants = tuple(sorted((k, *w) for k, w in self.wants.items()))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            ins, outs, xins, xouts = (tuple(sorted(best(w, neighbour.node_id).items())) for w in ways)
-            c.send(neighbour.node_id, Residual(c.node_id, ins, outs, blocked, xins, xouts, wants))
+            c.send(neighbour.node_id, self._message_for(ways, neighbour.node_id))
         self.last_sent, self.pacing.last_tick = labels, c.now
+
+    def _message_for(self, ways: dict[str, Routes], neighbour: str) -> Residual:
+        """Our labels as offered to ``neighbour``: the ways that do not come back through the vertex it would
+        reach us from (its unit leaving it, for ``ins``; arriving at it, for ``outs``)."""
+        offered = {kind: best(ways[kind], (OUT if kind.endswith("in") else IN) + neighbour) for kind in KINDS}
+        hops = {kind: tuple(sorted((sink, h) for sink, (h, _) in offered[kind].items())) for kind in KINDS}
+        paths = tuple(sorted((kind, sink, path) for kind in KINDS for sink, (_, path) in offered[kind].items()))
+        return Residual(self.core.node_id, hops["in"], hops["out"],
+                        tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())), hops["xin"], hops["xout"],
+                        tuple(sorted((k, *w) for k, w in self.wants.items())), paths)
 
     def _blocked(self) -> dict[str, tuple[int, int]]:
         """Holders that want more, cannot grow and could by a step: sink -> (the holder's tick when it last
@@ -291,6 +332,8 @@ class ResidualDistances:
         limit = hop_limit(self.core.n_stages)
         if any(not 0 <= hops <= limit for _, hops in (*msg.ins, *msg.outs, *msg.xins, *msg.xouts)):
             return
+        if any(kind not in KINDS or len(path) > max_path(limit) for kind, _, path in msg.paths):
+            return
         if any(not 0 <= hops <= limit or stamp < 0 for _, stamp, hops in msg.blocked):
             return
         if any(not 0 <= hops <= limit or stamp < 0 or not 0 <= count <= MAX_UNITS
@@ -298,6 +341,7 @@ class ResidualDistances:
             return
         neighbour.res_in, neighbour.res_out = dict(msg.ins), dict(msg.outs)
         neighbour.res_xin, neighbour.res_xout = dict(msg.xins), dict(msg.xouts)
+        neighbour.res_paths = {(kind, sink): path for kind, sink, path in msg.paths}
         neighbour.res_blocked = msg.blocked
         neighbour.res_wants = msg.wants
 
