@@ -259,21 +259,33 @@ class ResidualDistances:
         if not self.pacing.due(c.now):
             return
         ways = dict(zip(KINDS, (*routes(c), *routes(c, cross=True)), strict=True))
-        self.ins, self.outs, self.xins, self.xouts = (labels_of(ways[kind]) for kind in KINDS)
+        bests = {kind: best(ways[kind]) for kind in KINDS}
+        self.ins, self.outs, self.xins, self.xouts = ({sink: h for sink, (h, _) in bests[kind].items()}
+                                                      for kind in KINDS)
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         self.wants = self._wants()
         labels = (ways, self.blocked, self.wants)
         if labels == self.last_sent and not self.pacing.stale(c.now):
             return
+        common = self._message(bests)
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            c.send(neighbour.node_id, self._message_for(ways, neighbour.node_id))
+            offered = self._offered(ways, bests, neighbour.node_id)
+            c.send(neighbour.node_id, common if offered is bests else self._message(offered))
         self.last_sent, self.pacing.last_tick = labels, c.now
 
-    def _message_for(self, ways: dict[str, Routes], neighbour: str) -> Residual:
+    @staticmethod
+    def _offered(ways: dict[str, Routes], bests: dict[str, dict[str, tuple[int, Path]]],
+                 neighbour: str) -> dict[str, dict[str, tuple[int, Path]]]:
         """Our labels as offered to ``neighbour``: the ways that do not come back through the vertex it would
-        reach us from (its unit leaving it, for ``ins``; arriving at it, for ``outs``)."""
-        offered = {kind: best(ways[kind], (OUT if kind.endswith("in") else IN) + neighbour) for kind in KINDS}
+        reach us from (its unit leaving it, for ``ins``; arriving at it, for ``outs``); ``bests`` itself
+        when none of our shortest ways does."""
+        avoid = {kind: (OUT if kind.endswith("in") else IN) + neighbour for kind in KINDS}
+        if not any(avoid[kind] in path for kind in KINDS for _, path in bests[kind].values()):
+            return bests
+        return {kind: best(ways[kind], avoid[kind]) for kind in KINDS}
+
+    def _message(self, offered: dict[str, dict[str, tuple[int, Path]]]) -> Residual:
         hops = {kind: tuple(sorted((sink, h) for sink, (h, _) in offered[kind].items())) for kind in KINDS}
         paths = tuple(sorted((kind, sink, path) for kind in KINDS for sink, (_, path) in offered[kind].items()))
         return Residual(self.core.node_id, hops["in"], hops["out"],

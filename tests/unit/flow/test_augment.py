@@ -3,6 +3,8 @@ by make-before-break; walks that are malformed or from strangers are ignored."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
 from gwtfp2p.flow.messages import Augment
+from gwtfp2p.flow.residual import takeover_offer
 
 
 def shared_relay(params: FlowParams | None = None) -> MessageBus:
@@ -71,6 +74,49 @@ def test_a_chain_of_displacements_frees_a_slot_that_one_level_cannot() -> None:
         assert sorted(bus.routing()) == (after if deep else before)
         assert result.converged and bus.violations == []
         assert not bus.nodes["h"].residual.augmentable()  # routed (deep), or no step seen at all
+
+
+def bypass(params: FlowParams) -> MessageBus:
+    """Two stages. g's unit runs g -> x -> z -> g; h reaches x, then only w. y (idle, dear) links g and z:
+    it can take g's unit over and free x for h. g cannot re-route that unit to its sink (z is its only
+    second-stage relay, and full), so no displacement label sees this step, only a takeover."""
+    nodes = (NodeSpec("g", 0, supply=1), NodeSpec("h", 0, supply=1), NodeSpec("x", 1, capacity=1),
+             NodeSpec("y", 1, capacity=1), NodeSpec("z", 2, capacity=1), NodeSpec("w", 2, capacity=1))
+    costs = {("g", "x"): 1.0, ("g", "y"): 10.0, ("x", "z"): 1.0, ("y", "z"): 10.0, ("g", "z"): 1.0,
+             ("h", "x"): 1.0, ("w", "x"): 1.0, ("h", "w"): 1.0}
+    return MessageBus(FlowInstance(2, nodes, costs), seed=0, params=params, check_every_tick=True)
+
+
+def test_a_takeover_step_frees_a_slot_no_displacement_sees() -> None:
+    """takeover_steps: y takes g's unit over, x is freed for h; without them h stays blocked."""
+    before, after = [("g", "x", "z", "g")], [("g", "y", "z", "g"), ("h", "x", "w", "h")]
+    for take in (False, True):
+        bus = bypass(FlowParams(takeover_steps=take))
+        for _ in range(200):
+            bus.step()
+            if bus.routing():
+                break
+        assert sorted(bus.routing()) == before
+        result = bus.run(max_ticks=800)
+        assert sorted(bus.routing()) == (after if take else before)
+        assert result.converged and bus.violations == []
+        assert not bus.nodes["h"].residual.augmentable()  # routed, or no step seen at all
+
+
+def test_a_takeover_needs_a_fresh_table_with_spare_and_both_links() -> None:
+    bus = bypass(FlowParams(augment=False, takeover_steps=True))  # the routing stays g -> x -> z -> g
+    bus.run(max_ticks=300)
+    x = bus.nodes["x"].core
+    y = x.neighbours["y"]
+    unit, peer = takeover_offer(x)
+    assert (unit.sink, peer.node_id) == ("g", "y")
+    fresh = y.table
+    y.table = replace(fresh, costs=tuple(c for c in fresh.costs if c[0] != "z"))  # y lost its link to z
+    assert takeover_offer(x) is None
+    y.table = replace(fresh, spare=0)
+    assert takeover_offer(x) is None
+    y.table, y.table_tick = fresh, x.now - 7 * x.params.table_period_ticks  # too old to rely on
+    assert takeover_offer(x) is None
 
 
 @pytest.mark.parametrize("walk", [

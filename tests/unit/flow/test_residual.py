@@ -144,6 +144,45 @@ def test_out_of_range_labels_are_refused(ins, outs) -> None:
     assert node.core.neighbours["b1"].res_in == {"h": 1}
 
 
+@pytest.mark.parametrize("paths", [(("sideways", "h", ()),), (("in", "h", ("<x",) * 1000),)])
+def test_labels_with_malformed_paths_are_refused(paths) -> None:
+    bus = MessageBus(blocked_square(), seed=0)
+    node = bus.nodes["a1"]
+    node.on_message(Residual("b1", (("h", 1),), ()), now=1)
+    node.on_message(Residual("b1", (("h", 2),), (), paths=paths), now=2)
+    assert node.core.neighbours["b1"].res_in == {"h": 1}
+
+
+def fan_in(relays: int) -> FlowInstance:
+    """``relays`` one-unit relays a0.. feed b1 (full with their units); a9 reaches only b1, and b2 only from
+    the a relays: h's one augmenting path is h -> a9 -> b1, back to an a relay, -> b2 -> h."""
+    nodes = [NodeSpec("h", 0, supply=relays + 1), NodeSpec("a9", 1, capacity=1), NodeSpec("b1", 2, capacity=relays),
+             NodeSpec("b2", 2, capacity=1)]
+    costs = {("a9", "h"): 5.0, ("a9", "b1"): 1.0, ("b1", "h"): 1.0, ("b2", "h"): 1.0}
+    for i in range(relays):
+        nodes.append(NodeSpec(f"a{i}", 1, capacity=1))
+        costs.update({(f"a{i}", "h"): 1.0, (f"a{i}", "b1"): 1.0, (f"a{i}", "b2"): 5.0})
+    return FlowInstance(2, tuple(nodes), costs)
+
+
+def test_a_vanished_path_is_forgotten_without_counting_up() -> None:
+    """When the only augmenting path goes (b2 leaves), the holder's labels go at once: the ways between h
+    and the full a relays loop back through h and are not taken (before the path vector, the labels counted
+    up along those loops, 5 -> 9 -> 11, until the hop limit, holding the holder's flag meanwhile)."""
+    bus = MessageBus(fan_in(4), seed=0, params=FlowParams(augment=False))
+    bus.run(max_ticks=400)
+    settle(bus)
+    holder = bus.nodes["h"].residual
+    assert holder.outs == {"h": 5} and holder.xouts == {"h": 5}
+    bus.remove_node("b2")
+    seen = []
+    for _ in range(100):
+        bus.step()
+        seen += [holder.outs.get("h"), holder.xouts.get("h")]
+    assert "h" not in holder.outs and "h" not in holder.xouts
+    assert max(hops for hops in seen if hops is not None) == 5
+
+
 def test_an_ended_notice_is_not_brought_back_by_a_neighbour_passing_on_its_stamp() -> None:
     seen: dict = {}
     assert keep_newest(seen, [("h", (10, 1))], now=0, ttl=8, forget_ticks=50) == {"h": (10, 1)}

@@ -29,6 +29,7 @@ SAMPLES = [
     m.MoveAnswer("a", "a/1", True, TRANSFER, None),
     m.SwapCommit("a", "a/2", TRANSFER, TRANSFER),
     m.Residual("a", (("d", 3),), (("d", 2), ("e", 7))),
+    m.Residual("a", (("d", 1),), (), paths=(("in", "d", ("<a", ">a", "<d")),)),
     m.Augment("a", "d", 5, "b#3"),
 ]
 
