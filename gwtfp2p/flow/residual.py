@@ -93,12 +93,22 @@ def _route(routes: Routes, sink: str, via: str, hops: int, path: Path, limit: in
         ways[via] = (hops, path)
 
 
-def _extend(into: Routes, ways: Routes, vertex: str, extra: int, limit: int) -> None:
-    """Ways of ``ways`` entered from ``vertex`` (at ``extra`` hops more), those that do not visit it again."""
+def _extend(into: Routes, ways: Routes, vertex: str, extra: int, limit: int, free: bool) -> None:
+    """Ways of ``ways`` entered from ``vertex`` (at ``extra`` hops more); ``free`` (loop-free labels): with
+    their paths, those that do not visit it again."""
     for sink, by_via in ways.items():
         for via, (hops, path) in by_via.items():
-            if vertex not in path:
+            if not free:
+                _route(into, sink, via, hops + extra, (), limit)
+            elif not visits(path, sink, vertex):
                 _route(into, sink, via, hops + extra, (vertex, *path), limit)
+
+
+def visits(path: Path, sink: str, vertex: str) -> bool:
+    """Whether a way of ``sink`` visits ``vertex`` of ``sink``'s residual graph: on its own part, or on the
+    part of a chained displacement that comes back to ``sink`` (re-routes of other holders are listed with
+    their holder, ``g|<X``; see ``_displacing``)."""
+    return vertex in path or f"{sink}|{vertex}" in path
 
 
 def best(routes: Routes, avoid: str | None = None) -> dict[str, tuple[int, Path]]:
@@ -108,7 +118,7 @@ def best(routes: Routes, avoid: str | None = None) -> dict[str, tuple[int, Path]
     found: dict[str, tuple[int, Path]] = {}
     for sink, ways in routes.items():
         for hops, path in ways.values():
-            if avoid not in path and hops < found.get(sink, (math.inf,))[0]:
+            if (avoid is None or not visits(path, sink, avoid)) and hops < found.get(sink, (math.inf,))[0]:
                 found[sink] = (hops, path)
     return found
 
@@ -138,34 +148,35 @@ def routes(core: NodeCore, cross: bool = False) -> tuple[Routes, Routes]:
     ``deep_cross`` its walk label, so g's re-route may displace a third holder's unit in turn): that costs
     1 + P's label for g, and the newcomer goes on from X by X's own ``outs``.
     """
-    limit = hop_limit(core.n_stages)
+    limit, free = hop_limit(core.n_stages), core.params.loop_free_labels
     me_in, me_out = IN + core.node_id, OUT + core.node_id
     kind_in, kind_out = ("xin", "xout") if cross else ("in", "out")
     outs: Routes = {}
     for neighbour in core.next_neighbours():
         via = END if neighbour.stage == 0 else neighbour.node_id  # a holder entered forward is a path's end
-        _extend(outs, _neighbour_ways(core, neighbour, kind_in, via), me_out, 1, limit)
+        _extend(outs, _neighbour_ways(core, neighbour, kind_in, via), me_out, 1, limit, free)
     if core.is_data_holder:
-        return {core.node_id: {core.node_id: (0, (me_in,))}}, {s: w for s, w in outs.items() if s == core.node_id}
+        own = {core.node_id: {core.node_id: (0, (me_in,) if free else ())}}
+        return own, {s: w for s, w in outs.items() if s == core.node_id}
     back: Routes = {}
     for unit in core.ins.values():
         prev = core.neighbours.get(unit.prev)
         if prev is not None:
             ways = _neighbour_ways(core, prev, kind_out, prev.node_id)
-            _extend(back, {unit.sink: ways[unit.sink]} if unit.sink in ways else {}, me_in, 1, limit)
-    _extend(outs, back, me_out, 0, limit)  # X_out -> X_in (0 hops) -> the unit's sender
+            _extend(back, {unit.sink: ways[unit.sink]} if unit.sink in ways else {}, me_in, 1, limit, free)
+    _extend(outs, back, me_out, 0, limit, free)  # X_out -> X_in (0 hops) -> the unit's sender
     ins: Routes = {}
     if core.spare() > 0:
-        _extend(ins, outs, me_in, 0, limit)
+        _extend(ins, outs, me_in, 0, limit, free)
     for sink, by_via in back.items():
         for via, (hops, path) in by_via.items():
             _route(ins, sink, via, hops, path, limit)
     if cross and core.spare() <= 0:
-        _displacing(core, ins, outs, limit)
+        _displacing(core, ins, outs, limit, free)
     return ins, outs
 
 
-def _displacing(core: NodeCore, ins: Routes, outs: Routes, limit: int) -> None:
+def _displacing(core: NodeCore, ins: Routes, outs: Routes, limit: int, free: bool) -> None:
     """A full relay's walk labels: a newcomer takes the slot of another holder g's unit (g re-routes it,
     or a same-stage peer takes it over) and goes on by our ``outs``. The way's path holds g's re-route
     too, so that a chain of displacements that comes back here is not taken (it would count up)."""
@@ -173,14 +184,17 @@ def _displacing(core: NodeCore, ins: Routes, outs: Routes, limit: int) -> None:
     displace = displacements(core)
     taken = core.params.takeover_steps and takeover_offer(core) is not None
     for sink in list(outs):
-        others = [way for g, way in displace.items() if g != sink and me_in not in way[1]]
+        others = [(hops, tuple(v if "|" in v else f"{g}|{v}" for v in path)) for g, (hops, path) in displace.items()
+                  if g != sink and not visits(path, g, me_in) and not visits(path, sink, me_in)]
         if taken:
             others.append((1, ()))
         if not others:
             continue
         cost, g_path = min(others)
         for via, (hops, path) in outs[sink].items():
-            if me_in not in path:
+            if not free:
+                _route(ins, sink, via, hops + cost, (), limit)
+            elif not visits(path, sink, me_in):
                 _route(ins, sink, via, hops + cost, (me_in, *path, *g_path), limit)
 
 
@@ -265,7 +279,8 @@ class ResidualDistances:
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         self.wants = self._wants()
-        labels = (ways, self.blocked, self.wants)
+        labels = (ways if c.params.loop_free_labels else (self.ins, self.outs, self.xins, self.xouts),
+                  self.blocked, self.wants)
         if labels == self.last_sent and not self.pacing.stale(c.now):
             return
         common = self._message(bests)
@@ -287,7 +302,7 @@ class ResidualDistances:
 
     def _message(self, offered: dict[str, dict[str, tuple[int, Path]]]) -> Residual:
         hops = {kind: tuple(sorted((sink, h) for sink, (h, _) in offered[kind].items())) for kind in KINDS}
-        paths = tuple(sorted((kind, sink, path) for kind in KINDS for sink, (_, path) in offered[kind].items()))
+        paths = tuple(sorted((kind, sink, path) for kind in KINDS for sink, (_, path) in offered[kind].items() if path))
         return Residual(self.core.node_id, hops["in"], hops["out"],
                         tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())), hops["xin"], hops["xout"],
                         tuple(sorted((k, *w) for k, w in self.wants.items())), paths)

@@ -127,9 +127,9 @@ def test_a_holder_at_its_maximum_sees_no_path() -> None:
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000))
-def test_labels_equal_shortest_residual_paths_on_tight_swarms(seed: int) -> None:
-    bus = MessageBus(generate("tight", seed), seed=seed)
+@given(seed=st.integers(0, 10_000), loop_free=st.booleans())
+def test_labels_equal_shortest_residual_paths_on_tight_swarms(seed: int, loop_free: bool) -> None:
+    bus = MessageBus(generate("tight", seed), seed=seed, params=FlowParams(loop_free_labels=loop_free))
     bus.run(max_ticks=1000)
     settle(bus)
     assert_labels_are_shortest_paths(bus)
@@ -166,21 +166,24 @@ def fan_in(relays: int) -> FlowInstance:
 
 
 def test_a_vanished_path_is_forgotten_without_counting_up() -> None:
-    """When the only augmenting path goes (b2 leaves), the holder's labels go at once: the ways between h
-    and the full a relays loop back through h and are not taken (before the path vector, the labels counted
-    up along those loops, 5 -> 9 -> 11, until the hop limit, holding the holder's flag meanwhile)."""
-    bus = MessageBus(fan_in(4), seed=0, params=FlowParams(augment=False))
-    bus.run(max_ticks=400)
-    settle(bus)
-    holder = bus.nodes["h"].residual
-    assert holder.outs == {"h": 5} and holder.xouts == {"h": 5}
-    bus.remove_node("b2")
-    seen = []
-    for _ in range(100):
-        bus.step()
-        seen += [holder.outs.get("h"), holder.xouts.get("h")]
-    assert "h" not in holder.outs and "h" not in holder.xouts
-    assert max(hops for hops in seen if hops is not None) == 5
+    """When the only augmenting path goes (b2 leaves), loop-free labels go at once: the ways between h and
+    the full a relays loop back through h and are not taken. The default labels count up along those loops,
+    5 -> 9 -> 11, until the hop limit (12 here), the holder's flag up meanwhile."""
+    highest = {}
+    for loop_free in (False, True):
+        bus = MessageBus(fan_in(4), seed=0, params=FlowParams(augment=False, loop_free_labels=loop_free))
+        bus.run(max_ticks=400)
+        settle(bus)
+        holder = bus.nodes["h"].residual
+        assert holder.outs == {"h": 5} and holder.xouts == {"h": 5}
+        bus.remove_node("b2")
+        seen = []
+        for _ in range(100):
+            bus.step()
+            seen += [holder.outs.get("h"), holder.xouts.get("h")]
+        assert "h" not in holder.outs and "h" not in holder.xouts
+        highest[loop_free] = max(hops for hops in seen if hops is not None)
+    assert highest == {False: 11, True: 5}
 
 
 def test_an_ended_notice_is_not_brought_back_by_a_neighbour_passing_on_its_stamp() -> None:
