@@ -11,6 +11,7 @@ every tick. Prints markdown tables; ``--json FILE`` keeps the raw rows. Measures
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -18,6 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.bus import MessageBus, NetworkModel
 from gwtfp2p.flow.churn import add_relays, remove_relays
 from gwtfp2p.flow.generate import FAMILIES, generate
@@ -26,11 +28,27 @@ from gwtfp2p.flow.oracle import solve
 MAX_TICKS = 1500
 
 
-def fresh(family: str, seed: int) -> dict:
+def flow_params(items: list[str]) -> FlowParams:
+    """The default ``FlowParams`` with ``--flow-param NAME=VALUE`` overrides (a variant measured against the
+    defaults; booleans as true / false)."""
+    kinds = {f.name: f.type for f in dataclasses.fields(FlowParams)}
+    parse = {"bool": {"true": True, "false": False}.get, "int": int, "float": float}
+    changes = {}
+    for item in items:
+        name, _, text = item.partition("=")
+        value = parse[kinds[name]](text) if kinds.get(name) in parse else None
+        if value is None:
+            raise SystemExit(f"--flow-param {item!r}: expected NAME=VALUE, NAME a bool, int or float field of "
+                             f"FlowParams ({', '.join(n for n, k in kinds.items() if k in parse)})")
+        changes[name] = value
+    return FlowParams(**changes)
+
+
+def fresh(family: str, seed: int, params: FlowParams) -> dict:
     instance = generate(family, seed)
     oracle = solve(instance).quality
     started = time.perf_counter()
-    result = MessageBus(instance, seed=seed).run(max_ticks=MAX_TICKS)
+    result = MessageBus(instance, seed=seed, params=params).run(max_ticks=MAX_TICKS)
     q = result.quality
     return {"family": family, "seed": seed, "flow_ratio": q.flow_value / max(1, oracle.flow_value),
             "flow_equal": q.flow_value == oracle.flow_value, "cost_ratio": q.total_cost / oracle.total_cost,
@@ -39,15 +57,15 @@ def fresh(family: str, seed: int) -> dict:
             "converged": result.converged, "wall_s": time.perf_counter() - started}
 
 
-def churn(family: str, seed: int, change: str) -> dict:
+def churn(family: str, seed: int, change: str, params: FlowParams) -> dict:
     instance = generate(family, seed)
-    bus = MessageBus(instance, seed=seed)
+    bus = MessageBus(instance, seed=seed, params=params)
     bus.run(max_ticks=MAX_TICKS)
     (remove_relays if change == "remove" else add_relays)(bus, instance, 0.2, seed)
     result = bus.run(max_ticks=MAX_TICKS)
     changed = bus.instance()
     oracle = solve(changed).quality
-    restart = MessageBus(changed, seed=seed).run(max_ticks=MAX_TICKS).quality
+    restart = MessageBus(changed, seed=seed, params=params).run(max_ticks=MAX_TICKS).quality
     q = result.quality
     return {"family": family, "seed": seed, "change": change, "flow_equal": q.flow_value == oracle.flow_value,
             "flow_ratio": q.flow_value / max(1, oracle.flow_value), "cost_ratio": q.total_cost / oracle.total_cost,
@@ -55,9 +73,9 @@ def churn(family: str, seed: int, change: str) -> dict:
             "converged": result.converged}
 
 
-def lossy(family: str, seed: int) -> dict:
+def lossy(family: str, seed: int, params: FlowParams) -> dict:
     instance = generate(family, seed)
-    bus = MessageBus(instance, seed=seed, network=NetworkModel(delay_ticks=1, jitter_ticks=2, loss=0.1),
+    bus = MessageBus(instance, seed=seed, params=params, network=NetworkModel(delay_ticks=1, jitter_ticks=2, loss=0.1),
                      check_every_tick=True)
     result = bus.run(max_ticks=MAX_TICKS)
     oracle = solve(instance).quality
@@ -127,12 +145,15 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--flow-param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a FlowParams field for every run (repeatable), e.g. loop_free_labels=true")
     args = parser.parse_args(argv)
     families = args.families.split(",")
+    params = flow_params(args.flow_param)
     started = time.perf_counter()
-    jobs = [(fresh, (f, s)) for f in families for s in range(args.seeds)]
-    jobs += [(churn, (f, s, c)) for f in families for s in range(args.churn_seeds) for c in ("remove", "add")]
-    jobs += [(lossy, (f, s)) for f in families for s in range(args.churn_seeds)]
+    jobs = [(fresh, (f, s, params)) for f in families for s in range(args.seeds)]
+    jobs += [(churn, (f, s, c, params)) for f in families for s in range(args.churn_seeds) for c in ("remove", "add")]
+    jobs += [(lossy, (f, s, params)) for f in families for s in range(args.churn_seeds)]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_call, jobs))
     n_fresh = len(families) * args.seeds

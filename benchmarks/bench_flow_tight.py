@@ -34,6 +34,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench_flow import flow_params  # benchmarks/, beside this
+
+from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.bus import MessageBus, NetworkModel, Settling
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.oracle import solve
@@ -135,11 +138,11 @@ def stayed_from(series: list[int], target: int) -> int | None:
     return k + 1
 
 
-def fresh(seed: int, ticks: int) -> dict:
+def fresh(seed: int, ticks: int, params: FlowParams | None = None) -> dict:
     instance = generate("tight", seed)
     oracle = solve(instance)
     started = time.perf_counter()
-    bus = CountingBus(instance, seed=seed)
+    bus = CountingBus(instance, seed=seed, params=params)
     trace, (kinds, _paths) = trace_run(bus, ticks)
     q, best = bus.quality(), oracle.quality
     fair = oracle.holder_flows()
@@ -165,10 +168,10 @@ def fresh(seed: int, ticks: int) -> dict:
     }
 
 
-def lossy(seed: int, ticks: int) -> dict:
+def lossy(seed: int, ticks: int, params: FlowParams | None = None) -> dict:
     instance = generate("tight", seed)
     oracle = solve(instance).quality.flow_value
-    bus = CountingBus(instance, seed=seed, network=NetworkModel(delay_ticks=1, jitter_ticks=2, loss=0.1),
+    bus = CountingBus(instance, seed=seed, params=params, network=NetworkModel(delay_ticks=1, jitter_ticks=2, loss=0.1),
                       check_every_tick=True)
     trace, (kinds, _paths) = trace_run(bus, ticks)
     tail = trace.flow[ticks - TAIL:]
@@ -239,14 +242,17 @@ def main(argv=None) -> int:
     parser.add_argument("--ticks", type=int, default=3000)
     parser.add_argument("--per-seed", action="store_true", help="also print one row per seed")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--flow-param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a FlowParams field for every run (repeatable), e.g. loop_free_labels=true")
     args = parser.parse_args(argv)
+    params = flow_params(args.flow_param)
     started = time.perf_counter()
     fresh_rows, lossy_rows = [], []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        fresh_rows.append(fresh(seed, args.ticks))
+        fresh_rows.append(fresh(seed, args.ticks, params))
         print(f"fresh seed {seed}: {fresh_rows[-1]['wall_s']:.0f} s", file=sys.stderr, flush=True)
     for seed in range(args.first_seed, args.first_seed + args.lossy_seeds):
-        lossy_rows.append(lossy(seed, args.ticks))
+        lossy_rows.append(lossy(seed, args.ticks, params))
         print(f"lossy seed {seed} done", file=sys.stderr, flush=True)
     if fresh_rows:
         print(f"## tight, no loss, {args.ticks} ticks\n")
