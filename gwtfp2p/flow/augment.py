@@ -19,7 +19,8 @@ from gwtfp2p.flow.core import INF, Neighbour, NodeCore
 from gwtfp2p.flow.growth import Growth
 from gwtfp2p.flow.messages import Augment
 from gwtfp2p.flow.reroute import Rerouter
-from gwtfp2p.flow.residual import ResidualDistances, hop_limit, reroute_hops, takeover_offer
+from gwtfp2p.flow.residual import ResidualDistances
+from gwtfp2p.flow.ways import hop_limit, reroute_hops, takeover_offer
 
 NEW_UNIT = ""  # ``Augment.edge_id`` of a walk that arrives forward: a new unit would enter the receiver
 

@@ -14,7 +14,7 @@ from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
 from gwtfp2p.flow.messages import Augment
-from gwtfp2p.flow.residual import takeover_offer
+from gwtfp2p.flow.ways import takeover_offer
 
 
 def shared_relay(params: FlowParams | None = None) -> MessageBus:

@@ -15,7 +15,8 @@ from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
 from gwtfp2p.flow.messages import Residual
-from gwtfp2p.flow.residual import flag_ttl_ticks, hop_limit, keep_newest
+from gwtfp2p.flow.residual import flag_ttl_ticks, keep_newest
+from gwtfp2p.flow.ways import hop_limit
 
 
 def residual_graph(bus: MessageBus, sink: str) -> dict[tuple[str, str], list[tuple[tuple[str, str], int]]]:
