@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from gwtfp2p.flow.core import NodeCore, Pacing
 from gwtfp2p.flow.messages import Residual
-from gwtfp2p.flow.ways import IN, KINDS, OUT, Labels, Path, Routes, best, hop_limit, max_path, routes
+from gwtfp2p.flow.ways import IN, KINDS, OUT, Labels, Path, Routes, best, distances, hop_limit, max_path, routes
 
 
 def flag_ttl_ticks(core: NodeCore) -> int:
@@ -85,20 +85,25 @@ class ResidualDistances:
         c = self.core
         if not self.pacing.due(c.now):
             return
-        ways = dict(zip(KINDS, (*routes(c), *routes(c, cross=True)), strict=True))
-        bests = {kind: best(ways[kind]) for kind in KINDS}
-        self.ins, self.outs, self.xins, self.xouts = ({sink: h for sink, (h, _) in bests[kind].items()}
-                                                      for kind in KINDS)
+        ways: dict[str, Routes] | None = None
+        if c.params.loop_free_labels:
+            ways = dict(zip(KINDS, (*routes(c), *routes(c, cross=True)), strict=True))
+            bests = {kind: best(ways[kind]) for kind in KINDS}
+            self.ins, self.outs, self.xins, self.xouts = ({sink: h for sink, (h, _) in bests[kind].items()}
+                                                          for kind in KINDS)
+        else:
+            (self.ins, self.outs), (self.xins, self.xouts) = distances(c), distances(c, cross=True)
+            bests = {kind: {sink: (h, ()) for sink, h in labels.items()}
+                     for kind, labels in zip(KINDS, (self.ins, self.outs, self.xins, self.xouts), strict=True)}
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         self.wants = self._wants()
-        labels = (ways if c.params.loop_free_labels else (self.ins, self.outs, self.xins, self.xouts),
-                  self.blocked, self.wants)
+        labels = (ways or (self.ins, self.outs, self.xins, self.xouts), self.blocked, self.wants)
         if labels == self.last_sent and not self.pacing.stale(c.now):
             return
         common = self._message(bests)
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            offered = self._offered(ways, bests, neighbour.node_id)
+            offered = bests if ways is None else self._offered(ways, bests, neighbour.node_id)
             c.send(neighbour.node_id, common if offered is bests else self._message(offered))
         self.last_sent, self.pacing.last_tick = labels, c.now
 

@@ -48,14 +48,11 @@ def _route(routes: Routes, sink: str, via: str, hops: int, path: Path, limit: in
         ways[via] = (hops, path)
 
 
-def _extend(into: Routes, ways: Routes, vertex: str, extra: int, limit: int, free: bool) -> None:
-    """Ways of ``ways`` entered from ``vertex`` (at ``extra`` hops more); ``free`` (loop-free labels): with
-    their paths, those that do not visit it again."""
+def _extend(into: Routes, ways: Routes, vertex: str, extra: int, limit: int) -> None:
+    """Ways of ``ways`` entered from ``vertex`` (at ``extra`` hops more), those that do not visit it again."""
     for sink, by_via in ways.items():
         for via, (hops, path) in by_via.items():
-            if not free:
-                _route(into, sink, via, hops + extra, (), limit)
-            elif not visits(path, sink, vertex):
+            if not visits(path, sink, vertex):
                 _route(into, sink, via, hops + extra, (vertex, *path), limit)
 
 
@@ -78,6 +75,42 @@ def best(routes: Routes, avoid: str | None = None) -> dict[str, tuple[int, Path]
     return found
 
 
+def _better(labels: Labels, sink: str, hops: int, limit: int) -> None:
+    if hops <= limit and hops < labels.get(sink, limit + 1):
+        labels[sink] = hops
+
+
+def distances(core: NodeCore, cross: bool = False) -> tuple[Labels, Labels]:
+    """This node's (ins, outs) labels by the default rule: hop counts only, no paths (they may count up
+    along the residual graph's cycles until the hop limit; ``routes`` does not)."""
+    limit = hop_limit(core.n_stages)
+    outs: Labels = {}
+    for neighbour in core.next_neighbours():
+        for sink, hops in (neighbour.res_xin if cross else neighbour.res_in).items():
+            _better(outs, sink, hops + 1, limit)
+    if core.is_data_holder:
+        return {core.node_id: 0}, {s: h for s, h in outs.items() if s == core.node_id}
+    back: Labels = {}
+    for unit in core.ins.values():
+        prev = core.neighbours.get(unit.prev)
+        labels = None if prev is None else prev.res_xout if cross else prev.res_out
+        if labels is not None and unit.sink in labels:
+            _better(back, unit.sink, labels[unit.sink] + 1, limit)
+    for sink, hops in back.items():
+        _better(outs, sink, hops, limit)
+    ins: Labels = dict(outs) if core.spare() > 0 else {}
+    for sink, hops in back.items():
+        _better(ins, sink, hops, limit)
+    if cross and core.spare() <= 0:
+        displace = [(g, hops) for g, (hops, _) in displacements(core).items()]
+        taken = core.params.takeover_steps and takeover_offer(core) is not None
+        for sink, hops in outs.items():
+            others = [cost for g, cost in displace if g != sink] + ([1] if taken else [])
+            if others:
+                _better(ins, sink, hops + min(others), limit)
+    return ins, outs
+
+
 def _neighbour_ways(core: NodeCore, neighbour: Neighbour, kind: str, via: str) -> Routes:
     labels = {"in": neighbour.res_in, "out": neighbour.res_out, "xin": neighbour.res_xin,
               "xout": neighbour.res_xout}[kind]
@@ -92,35 +125,35 @@ def routes(core: NodeCore, cross: bool = False) -> tuple[Routes, Routes]:
     ``deep_cross`` its walk label, so g's re-route may displace a third holder's unit in turn): that costs
     1 + P's label for g, and the newcomer goes on from X by X's own ``outs``.
     """
-    limit, free = hop_limit(core.n_stages), core.params.loop_free_labels
+    limit = hop_limit(core.n_stages)
     me_in, me_out = IN + core.node_id, OUT + core.node_id
     kind_in, kind_out = ("xin", "xout") if cross else ("in", "out")
     outs: Routes = {}
     for neighbour in core.next_neighbours():
         via = END if neighbour.stage == 0 else neighbour.node_id  # a holder entered forward is a path's end
-        _extend(outs, _neighbour_ways(core, neighbour, kind_in, via), me_out, 1, limit, free)
+        _extend(outs, _neighbour_ways(core, neighbour, kind_in, via), me_out, 1, limit)
     if core.is_data_holder:
-        own = {core.node_id: {core.node_id: (0, (me_in,) if free else ())}}
+        own = {core.node_id: {core.node_id: (0, (me_in,))}}
         return own, {s: w for s, w in outs.items() if s == core.node_id}
     back: Routes = {}
     for unit in core.ins.values():
         prev = core.neighbours.get(unit.prev)
         if prev is not None:
             ways = _neighbour_ways(core, prev, kind_out, prev.node_id)
-            _extend(back, {unit.sink: ways[unit.sink]} if unit.sink in ways else {}, me_in, 1, limit, free)
-    _extend(outs, back, me_out, 0, limit, free)  # X_out -> X_in (0 hops) -> the unit's sender
+            _extend(back, {unit.sink: ways[unit.sink]} if unit.sink in ways else {}, me_in, 1, limit)
+    _extend(outs, back, me_out, 0, limit)  # X_out -> X_in (0 hops) -> the unit's sender
     ins: Routes = {}
     if core.spare() > 0:
-        _extend(ins, outs, me_in, 0, limit, free)
+        _extend(ins, outs, me_in, 0, limit)
     for sink, by_via in back.items():
         for via, (hops, path) in by_via.items():
             _route(ins, sink, via, hops, path, limit)
     if cross and core.spare() <= 0:
-        _displacing(core, ins, outs, limit, free)
+        _displacing(core, ins, outs, limit)
     return ins, outs
 
 
-def _displacing(core: NodeCore, ins: Routes, outs: Routes, limit: int, free: bool) -> None:
+def _displacing(core: NodeCore, ins: Routes, outs: Routes, limit: int) -> None:
     """A full relay's walk labels: a newcomer takes the slot of another holder g's unit (g re-routes it,
     or a same-stage peer takes it over) and goes on by our ``outs``. The way's path holds g's re-route
     too, so that a chain of displacements that comes back here is not taken (it would count up)."""
@@ -136,9 +169,7 @@ def _displacing(core: NodeCore, ins: Routes, outs: Routes, limit: int, free: boo
             continue
         cost, g_path = min(others)
         for via, (hops, path) in outs[sink].items():
-            if not free:
-                _route(ins, sink, via, hops + cost, (), limit)
-            elif not visits(path, sink, me_in):
+            if not visits(path, sink, me_in):
                 _route(ins, sink, via, hops + cost, (me_in, *path, *g_path), limit)
 
 
