@@ -75,14 +75,14 @@ class FlowParams:
     displaced when that holder can re-route it by a walk that itself displaces units of further holders.
     False: only when that holder can re-route it by moving its own units (one level)."""
     loop_free_labels: bool = False
-    """Residual labels travel with their paths (flow/residual.py): no node takes a way through itself, so
+    """Residual labels travel with their paths (flow/ways.py): no node takes a way through itself, so
     labels never count up along the residual graph's cycles after the way they stood for has gone. Off by
     default: measured, it ends the counting up but reaches the maximum flow on fewer ``tight`` swarms
     (docs/flow-tight.md)."""
     takeover_steps: bool = False
     """A full relay on an augmenting walk may have a same-stage peer with spare capacity take one of its units
     over (the unit keeps its previous and next hop), freeing the slot for the blocked holder
-    (flow/residual.py ``takeover_offer``, flow/augment.py). Off by default: measured and held back
+    (flow/ways.py ``takeover_offer``, flow/augment.py). Off by default: measured and held back
     (docs/flow-tight.md)."""
     fair_share: bool = True
     """Fairness between data holders (flow/fairness.py, max-min): a holder that routes more than one that

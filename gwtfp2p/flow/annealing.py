@@ -162,10 +162,7 @@ class Annealer:
 
     # -- candidates ------------------------------------------------------------------------
     def _fresh_tables(self) -> list[tuple[Neighbour, FlowTable]]:
-        c = self.core
-        horizon = 6 * c.params.table_period_ticks
-        return [(p, p.table) for p in c.peers()
-                if p.table is not None and c.now - p.table_tick <= horizon and p.node_id not in self.moves.avoid]
+        return [(p, table) for p, table in self.core.fresh_tables() if p.node_id not in self.moves.avoid]
 
     def _takeover(self, peer: Neighbour, table: FlowTable, u: TableUnit) -> Candidate | None:
         """Taking over the peer's unit ``u`` (prev -> peer -> next becomes prev -> me -> next), with its

@@ -27,6 +27,7 @@ from gwtfp2p.flow.messages import (
 )
 
 INF = math.inf
+TABLE_HORIZON_PERIODS = 6  # a peer's flow table older than this many table periods is not relied on
 
 
 @dataclass
@@ -165,6 +166,11 @@ class NodeCore:
 
     def peers(self) -> list[Neighbour]:
         return self._by_role()[2]
+
+    def fresh_tables(self) -> list[tuple[Neighbour, FlowTable]]:
+        """Same-stage peers with their last flow table, where it is recent enough to rely on."""
+        horizon = TABLE_HORIZON_PERIODS * self.params.table_period_ticks
+        return [(p, p.table) for p in self.peers() if p.table is not None and self.now - p.table_tick <= horizon]
 
     def neighbours_changed(self) -> None:
         """Call after adding or removing a neighbour or changing an edge cost."""

@@ -57,6 +57,11 @@ def forget_ticks(core: NodeCore) -> int:
     return 2 * hop_limit(core.n_stages) * core.params.residual_period_ticks
 
 
+def _paths(offered: dict[str, dict[str, tuple[int, Path]]]) -> tuple[tuple[str, str, Path], ...]:
+    """The paths of offered loop-free labels, as a ``Residual`` carries them."""
+    return tuple(sorted((kind, sink, path) for kind in KINDS for sink, (_, path) in offered[kind].items() if path))
+
+
 class ResidualDistances:
     """Recomputes this node's labels and sends them to both neighbour stages when they change
     (at most once per residual period, and again every four periods).
@@ -93,18 +98,18 @@ class ResidualDistances:
                                                           for kind in KINDS)
         else:
             (self.ins, self.outs), (self.xins, self.xouts) = distances(c), distances(c, cross=True)
-            bests = {kind: {sink: (h, ()) for sink, h in labels.items()}
-                     for kind, labels in zip(KINDS, (self.ins, self.outs, self.xins, self.xouts), strict=True)}
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         self.wants = self._wants()
         labels = (ways or (self.ins, self.outs, self.xins, self.xouts), self.blocked, self.wants)
         if labels == self.last_sent and not self.pacing.stale(c.now):
             return
-        common = self._message(bests)
+        own = dict(zip(KINDS, (self.ins, self.outs, self.xins, self.xouts), strict=True))
+        common = self._message(own, () if ways is None else _paths(bests))
         for neighbour in (*c.prev_neighbours(), *c.next_neighbours()):
-            offered = bests if ways is None else self._offered(ways, bests, neighbour.node_id)
-            c.send(neighbour.node_id, common if offered is bests else self._message(offered))
+            offered = None if ways is None else self._offered(ways, bests, neighbour.node_id)
+            c.send(neighbour.node_id, common if offered is None or offered is bests else self._message(
+                {kind: {sink: h for sink, (h, _) in offered[kind].items()} for kind in KINDS}, _paths(offered)))
         self.last_sent, self.pacing.last_tick = labels, c.now
 
     @staticmethod
@@ -118,12 +123,12 @@ class ResidualDistances:
             return bests
         return {kind: best(ways[kind], avoid[kind]) for kind in KINDS}
 
-    def _message(self, offered: dict[str, dict[str, tuple[int, Path]]]) -> Residual:
-        hops = {kind: tuple(sorted((sink, h) for sink, (h, _) in offered[kind].items())) for kind in KINDS}
-        paths = tuple(sorted((kind, sink, path) for kind in KINDS for sink, (_, path) in offered[kind].items() if path))
+    def _message(self, labels: dict[str, Labels], paths: tuple[tuple[str, str, Path], ...]) -> Residual:
+        hops = {kind: tuple(sorted(labels[kind].items())) for kind in KINDS}
         return Residual(self.core.node_id, hops["in"], hops["out"],
                         tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())), hops["xin"], hops["xout"],
                         tuple(sorted((k, *w) for k, w in self.wants.items())), paths)
+
 
     def _blocked(self) -> dict[str, tuple[int, int]]:
         """Holders that want more, cannot grow and could by a step: sink -> (the holder's tick when it last

@@ -21,7 +21,6 @@ import math
 
 from gwtfp2p.flow.core import InUnit, Neighbour, NodeCore
 
-TABLE_HORIZON_PERIODS = 6  # a peer's flow table older than this many table periods is not relied on
 HOP_LIMIT_PER_STAGE = 4  # hop limit = this × (stages + 1): a path may visit each stage a few times
 MAX_PATH_PER_HOP = 3  # a way's path: at most two vertices per hop, and the re-routes it displaces
 
@@ -188,9 +187,7 @@ def takeover_offer(core: NodeCore) -> tuple[InUnit, Neighbour] | None:
     capacity and links to the unit's previous and next hop), and that peer: the slot a newcomer gets
     when the peer takes the unit over, the unit keeping its path on both sides. Of several, the one
     that adds the least to the unit's path cost."""
-    horizon = TABLE_HORIZON_PERIODS * core.params.table_period_ticks
-    peers = [(peer, dict(peer.table.costs)) for peer in core.peers()
-             if peer.table is not None and core.now - peer.table_tick <= horizon and peer.table.spare > 0]
+    peers = [(peer, dict(table.costs)) for peer, table in core.fresh_tables() if table.spare > 0]
     best: tuple[float, str, str, InUnit, Neighbour] | None = None
     for unit in core.ins.values():
         out = core.outs.get(unit.out_id) if unit.out_id else None
