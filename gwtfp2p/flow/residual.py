@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from gwtfp2p.flow.core import NodeCore, Pacing
 from gwtfp2p.flow.messages import Residual
-from gwtfp2p.flow.ways import IN, KINDS, OUT, Labels, Path, Routes, best, distances, hop_limit, max_path, routes
+from gwtfp2p.flow.ways import IN, KINDS, OUT, Labels, Path, Routes, best, distances, hop_limit, max_path, routes, visits
 
 
 def flag_ttl_ticks(core: NodeCore) -> int:
@@ -119,7 +119,7 @@ class ResidualDistances:
         reach us from (its unit leaving it, for ``ins``; arriving at it, for ``outs``); ``bests`` itself
         when none of our shortest ways does."""
         avoid = {kind: (OUT if kind.endswith("in") else IN) + neighbour for kind in KINDS}
-        if not any(avoid[kind] in path for kind in KINDS for _, path in bests[kind].values()):
+        if not any(visits(path, sink, avoid[kind]) for kind in KINDS for sink, (_, path) in bests[kind].items()):
             return bests
         return {kind: best(ways[kind], avoid[kind]) for kind in KINDS}
 

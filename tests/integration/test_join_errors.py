@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from gwtfp2p.daemon.lifecycle.preflight import DAEMON_PROTOCOL
+from tests.integration.netns.other_version_peer import OTHER_VERSIONS
 from tests.integration.netns.topology import Topology
 from tests.integration.swarm import REPO_ROOT, Daemon, Swarm
 
@@ -82,7 +84,9 @@ def test_a_peer_of_another_protocol_version_is_named_with_both_versions(running)
     try:
         maddr = json.loads(peer.stdout.readline())["maddrs"][0]
         relay = swarm.spawn("to-other-version", "--initial-peers", maddr)
-        assert_fails_clearly(relay, "speaks protocol versions daemon 99 (this node: 1)", "--initial-peers")
+        theirs = OTHER_VERSIONS["daemon"]
+        assert_fails_clearly(relay, f"speaks protocol versions daemon {theirs} (this node: {DAEMON_PROTOCOL})",
+                             "--initial-peers")
     finally:
         peer.kill()
         peer.wait(timeout=30)

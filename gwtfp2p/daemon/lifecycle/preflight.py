@@ -22,7 +22,9 @@ from gwtfp2p.transport.hello import ask_hello
 from gwtfp2p.transport.messages import WIRE_VERSION
 
 logger = logging.getLogger(__name__)
-DAEMON_PROTOCOL = 1  # bump when daemons of two versions cannot train together (messages, iteration protocol)
+# Bump when daemons of two versions cannot train together (messages, iteration protocol). 2: the flow's
+# ``Residual`` carries ``paths`` (loop-free labels), which a version-1 daemon's strict decoder refuses.
+DAEMON_PROTOCOL = 2
 PROTOCOL_VERSIONS = {"daemon": DAEMON_PROTOCOL, "records": RECORD_VERSION, "wire": WIRE_VERSION}
 
 

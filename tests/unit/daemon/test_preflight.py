@@ -9,6 +9,7 @@ from hivemind.proto import runtime_pb2
 
 from gwtfp2p.config import RunSpec
 from gwtfp2p.daemon.lifecycle.preflight import (
+    DAEMON_PROTOCOL,
     PROTOCOL_VERSIONS,
     IncompatibleVersion,
     OtherRun,
@@ -48,7 +49,16 @@ def test_same_versions_pass_and_a_stock_bootstrap_is_skipped():
 
 def test_other_versions_stop_the_join_naming_them():
     p2p = FakeP2P({A: {**PROTOCOL_VERSIONS, "daemon": 99}})
-    with pytest.raises(IncompatibleVersion, match=r"daemon 99 \(this node: 1\)"):
+    with pytest.raises(IncompatibleVersion, match=rf"daemon 99 \(this node: {DAEMON_PROTOCOL}\)"):
+        asyncio.run(check_versions(p2p, peers(A), timeout_s=1.0))
+
+
+def test_a_daemon_one_version_behind_is_refused():
+    """E.g. version 1 daemons decode a flow ``Residual`` strictly and refuse version 2's, which carries
+    ``paths``: the two versions cannot route together, so a joining node is stopped at the hello."""
+    older = DAEMON_PROTOCOL - 1
+    p2p = FakeP2P({A: {**PROTOCOL_VERSIONS, "daemon": older}})
+    with pytest.raises(IncompatibleVersion, match=rf"daemon {older} \(this node: {DAEMON_PROTOCOL}\)"):
         asyncio.run(check_versions(p2p, peers(A), timeout_s=1.0))
 
 

@@ -15,8 +15,8 @@ from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
 from gwtfp2p.flow.messages import Residual
-from gwtfp2p.flow.residual import flag_ttl_ticks, keep_newest
-from gwtfp2p.flow.ways import hop_limit
+from gwtfp2p.flow.residual import ResidualDistances, flag_ttl_ticks, keep_newest
+from gwtfp2p.flow.ways import KINDS, best, hop_limit
 
 
 def residual_graph(bus: MessageBus, sink: str) -> dict[tuple[str, str], list[tuple[tuple[str, str], int]]]:
@@ -185,6 +185,20 @@ def test_a_vanished_path_is_forgotten_without_counting_up() -> None:
         assert "h" not in holder.outs and "h" not in holder.xouts
         highest[loop_free] = max(hops for hops in seen if hops is not None)
     assert highest == {False: 11, True: 5}
+
+
+def test_a_neighbour_is_offered_no_way_through_its_own_vertex_inside_a_displacement() -> None:
+    """Loop-free labels: our shortest way to holder g that passes the neighbour b's vertex only inside a
+    chained displacement (tagged ``g|>b``) is not offered to b; b gets our next-best way instead (the quick
+    check once tested the untagged vertex only, so b got the common labels and refused them on receipt)."""
+    through_b = ("<me", "g|>b", ">x")
+    around_b = ("<me", ">y", ">z")
+    ways = {kind: {} for kind in KINDS}
+    ways["in"] = {"g": {"x": (2, through_b), "y": (3, around_b)}}
+    bests = {kind: best(ways[kind]) for kind in KINDS}
+    assert bests["in"] == {"g": (2, through_b)}
+    assert ResidualDistances._offered(ways, bests, "b")["in"] == {"g": (3, around_b)}
+    assert ResidualDistances._offered(ways, bests, "c") is bests
 
 
 def test_an_ended_notice_is_not_brought_back_by_a_neighbour_passing_on_its_stamp() -> None:
