@@ -97,23 +97,39 @@ def print_speed(rounds: int = 5) -> None:
               f"decode {16 / statistics.median(dec):7.0f} MiB/s   relative RMS error {float(err):.2e}")
 
 
+# Controls, not wire codecs (lean engine only): float32 with its mantissa rounded to this many significant
+# bits (round half to even; relative error <= 2**-bits), a perturbation far smaller than float16's 11 bits,
+# to tell a codec's systematic effect on the loss from the divergence any perturbation of training starts.
+CONTROL_CODECS = {"float32-m16": 16}
+
+
+def lean_roundtrip(x: torch.Tensor, codec: str) -> torch.Tensor:
+    """What a receiver gets for ``x`` under a wire codec or a control (``CONTROL_CODECS``)."""
+    if codec not in CONTROL_CODECS:
+        return roundtrip(x, codec)
+    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2**exponent, |mantissa| in [0.5, 1)
+    steps = 2.0 ** CONTROL_CODECS[codec]
+    return torch.ldexp(torch.round(mantissa * steps) / steps, exponent)
+
+
 class WireHop(torch.autograd.Function):
     """A hop of the lean engine: the forward codec on the way out, the backward codec on the way back."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, codecs: WireCodecs) -> torch.Tensor:  # type: ignore[override]
-        ctx.codec = codecs.backward
-        return roundtrip(x.detach(), codecs.forward)
+    def forward(ctx, x: torch.Tensor, codecs: tuple[str, str]) -> torch.Tensor:  # type: ignore[override]
+        ctx.codec = codecs[1]
+        return lean_roundtrip(x.detach(), codecs[0])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return roundtrip(grad.contiguous(), ctx.codec), None
+        return lean_roundtrip(grad.contiguous(), ctx.codec), None
 
 
 class LeanPipeline:
-    """One replica per part, the swarm's parts, AdamW recipe and global clipping, in plain autograd."""
+    """One replica per part, the swarm's parts, AdamW recipe and global clipping, in plain autograd.
+    ``codecs``: (forward, backward, aggregate), each a wire codec or a control (``CONTROL_CODECS``)."""
 
-    def __init__(self, spec: RunSpec, codecs: WireCodecs) -> None:
+    def __init__(self, spec: RunSpec, codecs: tuple[str, str, str]) -> None:
         self.spec, self.codecs, self.parts = spec, codecs, build_parts(spec)
         self.groups = self.parts.groups()
         self.optimizers = [make_optimizer(group, spec) for group in self.groups]
@@ -123,14 +139,14 @@ class LeanPipeline:
         for ids in batches:
             hidden = dh.head(ids)
             for stage in self.parts.stages:
-                hidden = stage(WireHop.apply(hidden, self.codecs))
-            loss = dh.tail(WireHop.apply(hidden, self.codecs), ids)
+                hidden = stage(WireHop.apply(hidden, self.codecs[:2]))
+            loss = dh.tail(WireHop.apply(hidden, self.codecs[:2]), ids)
             (loss / len(batches)).backward()
             losses.append(float(loss))
         total_sq = 0.0
         for group in self.groups:  # each part's mean gradient travels in the aggregate codec
             flat = torch.cat([p.grad.reshape(-1) for p in group])
-            flat = roundtrip(flat, self.codecs.aggregate)
+            flat = lean_roundtrip(flat, self.codecs[2])
             offset = 0
             for p in group:
                 p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
@@ -153,9 +169,10 @@ def quality(args: argparse.Namespace) -> None:
     if args.engine == "harness":
         runs = {c: with_codecs(PipelineHarness(spec, replicas=[2, 2]), WireCodecs(c, c, c)) for c in codecs}
     else:
-        runs = {c: LeanPipeline(spec, WireCodecs(c, c, c)) for c in codecs}
-    out = result_path(args.preset, args.seed)
-    result = {"spec": vars(spec), "engine": args.engine, "codecs": codecs, "losses": {c: [] for c in codecs},
+        runs = {c: LeanPipeline(spec, lean_codecs(c, args.apply)) for c in codecs}
+    out = args.json or result_path(args.preset, args.seed)
+    result = {"spec": vars(spec), "engine": args.engine, "apply": args.apply, "codecs": codecs,
+              "losses": {c: [] for c in codecs},
               "seconds": {c: 0.0 for c in codecs}, "in_sync": True if args.engine == "harness" else None}
     started = time.time()
     for t in range(args.iterations):
@@ -177,7 +194,13 @@ def quality(args: argparse.Namespace) -> None:
             print(f"stopped after {t + 1} iterations: the {args.budget_h} h budget is spent")
             break
     summarize(result)
-    plot(result, plot_path(args.preset, args.seed))
+    plot(result, args.json.with_suffix(".png") if args.json else plot_path(args.preset, args.seed))
+
+
+def lean_codecs(codec: str, apply: str) -> tuple[str, str, str]:
+    """(forward, backward, aggregate) codecs of a lean run: ``codec`` where ``apply`` says, ``none`` elsewhere."""
+    hops = codec if apply in ("all", "hops") else "none"
+    return hops, hops, codec if apply in ("all", "aggregate") else "none"
 
 
 def plot_path(preset: str, seed: int) -> Path:
@@ -240,11 +263,19 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--codecs", nargs="+", default=list(WIRE_CODECS), choices=WIRE_CODECS)
+    parser.add_argument("--codecs", nargs="+", default=list(WIRE_CODECS), choices=(*WIRE_CODECS, *CONTROL_CODECS),
+                        help=f"wire codecs; with --engine lean also the controls {', '.join(CONTROL_CODECS)}")
+    parser.add_argument("--apply", choices=("all", "hops", "aggregate"), default="all",
+                        help="--engine lean: where the codec applies (hops: forward and backward; none elsewhere)")
+    parser.add_argument("--json", type=Path, help="write the quality run here instead of docs/data/")
     parser.add_argument("--budget-h", type=float, default=0.0, help="stop after this many hours (0: none)")
     parser.add_argument("--replot", action="store_true", help="plot and summarize the saved JSON of --preset")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (small matrices: one is fastest here)")
     args = parser.parse_args()
+    if args.engine != "lean" and (args.apply != "all" or set(args.codecs) & set(CONTROL_CODECS)):
+        parser.error("--apply and the control codecs need --engine lean (the harness runs wire codecs everywhere)")
+    if "none" not in args.codecs:
+        parser.error("--codecs: include none (every figure is a difference to it)")
     torch.set_num_threads(args.threads)
     if args.replot:
         result = json.loads(result_path(args.preset, args.seed).read_text())
