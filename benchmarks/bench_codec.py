@@ -247,7 +247,7 @@ def plot(result: dict, path: Path) -> None:
     bottom.axhline(0, color="grey", linewidth=0.5)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    print(f"plot: {path.relative_to(ROOT)}")
+    print(f"plot: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
 def main() -> None:
