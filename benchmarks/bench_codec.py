@@ -12,7 +12,11 @@ CPU (median of 5). ``--quality``: training from the same seed, every codec side 
   (``tests/codec_reference.py``): 1 data holder, 2 stages × 2 replicas: the swarm's arithmetic.
 * ``--engine lean``: the same parts and AdamW recipe, one replica each, in plain autograd with the codec
   at each hop (an autograd function) and on each part's mean gradient; no fixed point, no hashes (for
-  the 124m preset, whose harness iterations take minutes on this CPU).
+  the 124m preset, whose harness iterations take minutes on this CPU). It also runs controls that are
+  not wire codecs (``CONTROL_CODECS``: a perturbation far below any codec's rounding, to tell a codec's
+  effect from two trainings wandering apart).
+
+``--json PATH`` writes a quality run there (and its plot beside it) instead of ``docs/data/``.
 
     python benchmarks/bench_codec.py --bytes --speed
     python benchmarks/bench_codec.py --quality --preset small --iterations 300
@@ -169,10 +173,9 @@ def quality(args: argparse.Namespace) -> None:
     if args.engine == "harness":
         runs = {c: with_codecs(PipelineHarness(spec, replicas=[2, 2]), WireCodecs(c, c, c)) for c in codecs}
     else:
-        runs = {c: LeanPipeline(spec, lean_codecs(c, args.apply)) for c in codecs}
+        runs = {c: LeanPipeline(spec, (c, c, c)) for c in codecs}
     out = args.json or result_path(args.preset, args.seed)
-    result = {"spec": vars(spec), "engine": args.engine, "apply": args.apply, "codecs": codecs,
-              "losses": {c: [] for c in codecs},
+    result = {"spec": vars(spec), "engine": args.engine, "codecs": codecs, "losses": {c: [] for c in codecs},
               "seconds": {c: 0.0 for c in codecs}, "in_sync": True if args.engine == "harness" else None}
     started = time.time()
     for t in range(args.iterations):
@@ -195,12 +198,6 @@ def quality(args: argparse.Namespace) -> None:
             break
     summarize(result)
     plot(result, args.json.with_suffix(".png") if args.json else plot_path(args.preset, args.seed))
-
-
-def lean_codecs(codec: str, apply: str) -> tuple[str, str, str]:
-    """(forward, backward, aggregate) codecs of a lean run: ``codec`` where ``apply`` says, ``none`` elsewhere."""
-    hops = codec if apply in ("all", "hops") else "none"
-    return hops, hops, codec if apply in ("all", "aggregate") else "none"
 
 
 def plot_path(preset: str, seed: int) -> Path:
@@ -265,15 +262,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--codecs", nargs="+", default=list(WIRE_CODECS), choices=(*WIRE_CODECS, *CONTROL_CODECS),
                         help=f"wire codecs; with --engine lean also the controls {', '.join(CONTROL_CODECS)}")
-    parser.add_argument("--apply", choices=("all", "hops", "aggregate"), default="all",
-                        help="--engine lean: where the codec applies (hops: forward and backward; none elsewhere)")
     parser.add_argument("--json", type=Path, help="write the quality run here instead of docs/data/")
     parser.add_argument("--budget-h", type=float, default=0.0, help="stop after this many hours (0: none)")
     parser.add_argument("--replot", action="store_true", help="plot and summarize the saved JSON of --preset")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (small matrices: one is fastest here)")
     args = parser.parse_args()
-    if args.engine != "lean" and (args.apply != "all" or set(args.codecs) & set(CONTROL_CODECS)):
-        parser.error("--apply and the control codecs need --engine lean (the harness runs wire codecs everywhere)")
+    if args.engine != "lean" and set(args.codecs) & set(CONTROL_CODECS):
+        parser.error("the control codecs need --engine lean (the harness runs wire codecs only)")
     if "none" not in args.codecs:
         parser.error("--codecs: include none (every figure is a difference to it)")
     torch.set_num_threads(args.threads)

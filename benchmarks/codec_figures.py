@@ -6,7 +6,8 @@
 seed (``bench_codec-<preset>-seed<N>.json`` beside seed 0's file), printed and plotted. ``--bytes``: the
 wire bytes of one microbatch per hop and of each part's aggregation contribution, computed with
 ``encoded_bytes`` and the parts' parameter counts (models built on the meta device: no weights, no
-training), as a markdown table.
+training), as a markdown table. ``--long FILE ...``: runs past 300 iterations (``bench_codec.py --json``),
+each codec's running mean vs ``none``, as a table and ``docs/img/bandwidth-long.png``.
 
     .venv/bin/python benchmarks/codec_figures.py --plot --bytes
 """
@@ -186,6 +187,50 @@ def plot_finals(plt: ModuleType, result: dict, window: int) -> Figure:
     return fig
 
 
+LONG_COLOURS = {"float16": "C1", "bfloat16": "C2", "blockwise8": "C3", "float32-m16": "black"}  # as plot_curves
+
+
+def long_table(runs: dict[str, dict], window: int, marks: tuple[int, ...] = (300, 500, 1000)) -> None:
+    """Markdown: per run and codec, the ``window``-iteration mean loss vs none at ``marks``, and the widest
+    excursion of that mean after the first mark."""
+    print(f"| run | codec | {' | '.join(f'at {m}' for m in marks)} | widest after {marks[0]} |")
+    print("|---|---|" + "---:|" * (len(marks) + 1))
+    for name, run in runs.items():
+        none = run["losses"]["none"]
+        for codec in run["codecs"][1:]:
+            diff = running_mean([100.0 * (x - y) / y for x, y in zip(run["losses"][codec], none, strict=True)],
+                                window)
+            at = [f"{diff[m - 1]:+.2f} %" if m <= len(diff) else "—" for m in marks]
+            widest = max(diff[marks[0]:], key=abs, default=0.0)
+            print(f"| {name} | `{codec}` | {' | '.join(at)} | {widest:+.2f} % |")
+
+
+def plot_long(runs: dict[str, dict], window: int, path: Path) -> None:
+    """One panel per run: each codec's loss vs none, its ``window``-iteration running mean, with the goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.4 * len(runs)), sharex=True, squeeze=False)
+    for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
+        none = run["losses"]["none"]
+        for codec in run["codecs"][1:]:
+            diff = [100.0 * (x - y) / y for x, y in zip(run["losses"][codec], none, strict=True)]
+            ax.plot(running_mean(diff, window), color=LONG_COLOURS.get(codec, "C4"), linewidth=1.1, label=codec)
+        for y in (-GOAL_PERCENT, GOAL_PERCENT):
+            ax.axhline(y, color="red", linewidth=0.6, linestyle="--")
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set_ylim(-1.25 * GOAL_PERCENT, 1.25 * GOAL_PERCENT)
+        ax.set_ylabel("vs none (%)")
+        ax.set_title(f"{name}: loss vs none, mean of the last {window} iterations", fontsize=9)
+        ax.legend(fontsize=8, ncol=4, loc="lower left")
+    axes[-1, 0].set_xlabel("iteration")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def part_sizes(family: str, preset: str, n_stages: int = 2) -> list[int]:
     """Parameters of each part (data holder, stage 1..S) with the byte tokenizer, counted on the meta device."""
     import torch
@@ -228,7 +273,14 @@ def main() -> None:
     parser.add_argument("--bytes", action="store_true", help="print the computed bytes tables")
     parser.add_argument("--preset", default="small", help="which docs/data/bench_codec-<preset>.json")
     parser.add_argument("--window", type=int, default=20, help="iterations averaged for the final loss")
+    parser.add_argument("--long", nargs="+", type=Path, metavar="JSON",
+                        help="long quality runs (bench_codec.py --json): their table and docs/img/bandwidth-long.png")
     args = parser.parse_args()
+    if args.long:
+        runs = {f"{r['engine']}, seed {r['spec']['seed']}": r for r in (json.loads(p.read_text()) for p in args.long)}
+        long_table(runs, args.window)
+        plot_long(runs, args.window, ROOT / "docs" / "img" / "bandwidth-long.png")
+        print("plot: docs/img/bandwidth-long.png")
     if args.plot:
         result = json.loads(result_path(args.preset, 0).read_text())
         summarize(result, args.window)
