@@ -44,6 +44,11 @@ def running_mean(values: list[float], window: int) -> list[float]:
     return [statistics.fmean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
 
 
+def percent_vs(losses: list[float], none: list[float]) -> list[float]:
+    """Each loss minus ``none``'s of the same iteration, in % of it."""
+    return [100.0 * (x - y) / y for x, y in zip(losses, none, strict=True)]
+
+
 def final_differences(result: dict, window: int) -> dict[str, tuple[float, float]]:
     """Per codec: the mean loss of the last ``window`` iterations and its difference to ``none`` in %."""
     base = statistics.fmean(result["losses"]["none"][-window:])
@@ -60,7 +65,7 @@ def summarize(result: dict, window: int) -> None:
           f"({result['engine']}), replicas in sync: {result['in_sync']}; final loss = mean of the last {window}")
     none = result["losses"]["none"]
     for codec, (final, percent) in final_differences(result, window).items():
-        worst = max(abs(100.0 * (x - y) / y) for x, y in zip(result["losses"][codec], none, strict=True))
+        worst = max(map(abs, percent_vs(result["losses"][codec], none)))
         print(f"  {codec:<11}{final:8.4f} {percent:+7.2f} % vs none   worst single iteration {worst:5.2f} %   "
               f"{result['seconds'][codec] / n:5.2f} s per iteration")
 
@@ -153,7 +158,7 @@ def plot_curves(plt: ModuleType, result: dict, window: int) -> Figure:
         losses, color = result["losses"][codec], f"C{k}"
         full.plot(losses, color=color, linewidth=0.8, label=codec)
         zoom.plot(range(tail, n), losses[tail:], color=color, linewidth=0.8, marker=".", markersize=3, label=codec)
-        diff = [100.0 * (x - y) / y for x, y in zip(losses, none, strict=True)]
+        diff = percent_vs(losses, none)
         diff_ax.plot(diff, color=color, linewidth=0.4, alpha=0.35)
         diff_ax.plot(running_mean(diff, window), color=color, linewidth=1.3, label=f"{codec}, mean of last {window}")
     full.set_title(title, fontsize=8.5)
@@ -198,8 +203,7 @@ def long_table(runs: dict[str, dict], window: int, marks: tuple[int, ...] = (300
     for name, run in runs.items():
         none = run["losses"]["none"]
         for codec in run["codecs"][1:]:
-            diff = running_mean([100.0 * (x - y) / y for x, y in zip(run["losses"][codec], none, strict=True)],
-                                window)
+            diff = running_mean(percent_vs(run["losses"][codec], none), window)
             at = [f"{diff[m - 1]:+.2f} %" if m <= len(diff) else "—" for m in marks]
             widest = max(diff[marks[0]:], key=abs, default=0.0)
             print(f"| {name} | `{codec}` | {' | '.join(at)} | {widest:+.2f} % |")
@@ -216,8 +220,8 @@ def plot_long(runs: dict[str, dict], window: int, path: Path) -> None:
     for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
         none = run["losses"]["none"]
         for codec in run["codecs"][1:]:
-            diff = [100.0 * (x - y) / y for x, y in zip(run["losses"][codec], none, strict=True)]
-            ax.plot(running_mean(diff, window), color=LONG_COLOURS.get(codec, "C4"), linewidth=1.1, label=codec)
+            diff = running_mean(percent_vs(run["losses"][codec], none), window)
+            ax.plot(diff, color=LONG_COLOURS.get(codec, "C4"), linewidth=1.1, label=codec)
         for y in (-GOAL_PERCENT, GOAL_PERCENT):
             ax.axhline(y, color="red", linewidth=0.6, linestyle="--")
         ax.axhline(0, color="grey", linewidth=0.5)

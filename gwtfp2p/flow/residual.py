@@ -129,7 +129,6 @@ class ResidualDistances:
                         tuple(sorted((k, t, h) for k, (t, h) in self.blocked.items())), hops["xin"], hops["xout"],
                         tuple(sorted((k, *w) for k, w in self.wants.items())), paths)
 
-
     def _blocked(self) -> dict[str, tuple[int, int]]:
         """Holders that want more, cannot grow and could by a step: sink -> (the holder's tick when it last
         said so, our hops to it). A holder's own flag carries its tick; we keep the newest tick a neighbour
