@@ -7,7 +7,8 @@ seed (``bench_codec-<preset>-seed<N>.json`` beside seed 0's file), printed and p
 wire bytes of one microbatch per hop and of each part's aggregation contribution, computed with
 ``encoded_bytes`` and the parts' parameter counts (models built on the meta device: no weights, no
 training), as a markdown table. ``--long FILE ...``: runs past 300 iterations (``bench_codec.py --json``),
-each codec's running mean vs ``none``, as a table and ``docs/img/bandwidth-long.png``.
+each codec's running mean vs ``none``, as a table and ``docs/img/bandwidth-long.png`` (runs of one engine and
+seed are merged when their ``none`` losses are equal bit for bit).
 
     .venv/bin/python benchmarks/codec_figures.py --plot --bytes
 """
@@ -195,6 +196,26 @@ def plot_finals(plt: ModuleType, result: dict, window: int) -> Figure:
 LONG_COLOURS = {"float16": "C1", "bfloat16": "C2", "blockwise8": "C3", "float32-m16": "black"}  # as plot_curves
 
 
+def merge_long_runs(results: list[dict]) -> dict[str, dict]:
+    """The runs by name (engine, seed); runs of one engine and seed become one, their codecs side by side, only
+    if their ``none`` losses are equal bit for bit (the same training, so each codec is compared with it)."""
+    runs: dict[str, dict] = {}
+    for result in results:
+        name = f"{result['engine']}, seed {result['spec']['seed']}"
+        if name not in runs:
+            runs[name] = {**result, "codecs": list(result["codecs"]), "losses": dict(result["losses"])}
+            continue
+        run = runs[name]
+        if result["losses"]["none"] != run["losses"]["none"]:
+            raise SystemExit(f"--long: two runs named '{name}' trained differently (their none losses differ); "
+                             "pass runs of one seed made by the same code with the same settings")
+        for codec in result["codecs"]:
+            if codec not in run["codecs"]:
+                run["codecs"].append(codec)
+                run["losses"][codec] = result["losses"][codec]
+    return runs
+
+
 def long_table(runs: dict[str, dict], window: int, marks: tuple[int, ...] = (300, 500, 1000)) -> None:
     """Markdown: per run and codec, the ``window``-iteration mean loss vs none at ``marks``, and the widest
     excursion of that mean after the first mark."""
@@ -219,13 +240,15 @@ def plot_long(runs: dict[str, dict], window: int, path: Path) -> None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.4 * len(runs)), sharex=True, squeeze=False)
     for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
         none = run["losses"]["none"]
+        widest = 1.2 * GOAL_PERCENT  # the y range: the goal, or the widest excursion if wider (never clipped)
         for codec in run["codecs"][1:]:
             diff = running_mean(percent_vs(run["losses"][codec], none), window)
+            widest = max(widest, *(abs(x) for x in diff))
             ax.plot(diff, color=LONG_COLOURS.get(codec, "C4"), linewidth=1.1, label=codec)
         for y in (-GOAL_PERCENT, GOAL_PERCENT):
             ax.axhline(y, color="red", linewidth=0.6, linestyle="--")
         ax.axhline(0, color="grey", linewidth=0.5)
-        ax.set_ylim(-1.25 * GOAL_PERCENT, 1.25 * GOAL_PERCENT)
+        ax.set_ylim(-1.05 * widest, 1.05 * widest)
         ax.set_ylabel("vs none (%)")
         ax.set_title(f"{name}: loss vs none, mean of the last {window} iterations", fontsize=9)
         ax.legend(fontsize=8, ncol=4, loc="lower left")
@@ -281,7 +304,7 @@ def main() -> None:
                         help="long quality runs (bench_codec.py --json): their table and docs/img/bandwidth-long.png")
     args = parser.parse_args()
     if args.long:
-        runs = {f"{r['engine']}, seed {r['spec']['seed']}": r for r in (json.loads(p.read_text()) for p in args.long)}
+        runs = merge_long_runs([json.loads(p.read_text()) for p in args.long])
         long_table(runs, args.window)
         plot_long(runs, args.window, ROOT / "docs" / "img" / "bandwidth-long.png")
         print("plot: docs/img/bandwidth-long.png")
