@@ -216,15 +216,19 @@ def merge_long_runs(results: list[dict]) -> dict[str, dict]:
     return runs
 
 
+def long_differences(run: dict, window: int) -> dict[str, list[float]]:
+    """Per codec but ``none``: its loss vs ``none`` in %, as a ``window``-iteration running mean."""
+    none = run["losses"]["none"]
+    return {codec: running_mean(percent_vs(run["losses"][codec], none), window) for codec in run["codecs"][1:]}
+
+
 def long_table(runs: dict[str, dict], window: int, marks: tuple[int, ...] = (300, 500, 1000)) -> None:
     """Markdown: per run and codec, the ``window``-iteration mean loss vs none at ``marks``, and the widest
     excursion of that mean after the first mark."""
     print(f"| run | codec | {' | '.join(f'at {m}' for m in marks)} | widest after {marks[0]} |")
     print("|---|---|" + "---:|" * (len(marks) + 1))
     for name, run in runs.items():
-        none = run["losses"]["none"]
-        for codec in run["codecs"][1:]:
-            diff = running_mean(percent_vs(run["losses"][codec], none), window)
+        for codec, diff in long_differences(run, window).items():
             at = [f"{diff[m - 1]:+.2f} %" if m <= len(diff) else "—" for m in marks]
             widest = max(diff[marks[0]:], key=abs, default=0.0)
             print(f"| {name} | `{codec}` | {' | '.join(at)} | {widest:+.2f} % |")
@@ -239,10 +243,8 @@ def plot_long(runs: dict[str, dict], window: int, path: Path) -> None:
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.4 * len(runs)), sharex=True, squeeze=False)
     for ax, (name, run) in zip(axes[:, 0], runs.items(), strict=True):
-        none = run["losses"]["none"]
         widest = 1.2 * GOAL_PERCENT  # the y range: the goal, or the widest excursion if wider (never clipped)
-        for codec in run["codecs"][1:]:
-            diff = running_mean(percent_vs(run["losses"][codec], none), window)
+        for codec, diff in long_differences(run, window).items():
             widest = max(widest, *(abs(x) for x in diff))
             ax.plot(diff, color=LONG_COLOURS.get(codec, "C4"), linewidth=1.1, label=codec)
         for y in (-GOAL_PERCENT, GOAL_PERCENT):
