@@ -8,9 +8,10 @@ on a bridge (``tests/integration/netns/topology.py``, prefix ``bw16``); every no
 by ``tc tbf`` in the kernel at ``--rate-mbit``. The cap is checked first with a raw TCP transfer
 between two hosts. Then, per codec (forward, backward and aggregate codec alike), the swarm trains
 ``--iterations`` iterations; reported: tokens/s (median of the iterations after ``--warmup``), the
-iteration time, the wire bytes per microbatch per hop (the daemons' counters) and the ratios to
-``none``. Needs root. Prints figures and plots them (``--from-json FILE`` re-plots a saved run); asserts
-nothing. Results: docs/bandwidth.md.
+iteration time (and each iteration's seconds and end), the wire bytes per microbatch per hop (the
+daemons' counters), each daemon's measured compute per microbatch (``compute_ms``, what
+``benchmarks/sim_vs_swarm.py`` feeds the simulator) and the ratios to ``none``. Needs root. Prints
+figures and plots them (``--from-json FILE`` re-plots a saved run); asserts nothing. Results: docs/bandwidth.md.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gwtfp2p.config import WIRE_CODECS, RunSpec
 from gwtfp2p.localswarm.processes import FAST, Swarm
-from gwtfp2p.localswarm.wire_figures import bytes_per_microbatch_hop, swarm_traffic
+from gwtfp2p.localswarm.wire_figures import bytes_per_microbatch_hop, compute_ms, swarm_traffic
 from tests.integration.netns.rate import transfer_mbit
 from tests.integration.netns.topology import Topology
 
@@ -61,14 +62,18 @@ def run_swarm(topo: Topology, args: argparse.Namespace, codec: str, log_dir: Pat
         dh.wait_event("training_done", args.timeout_s)
         events = dh.of("iteration")
         sent = swarm_traffic(swarm.daemons, time.time())
+        timed = events[args.warmup:] or events
+        measured_from = timed[0]["time"] - timed[0]["seconds"]  # the start of the first timed iteration
+        compute = compute_ms(swarm.daemons, measured_from)
     finally:
         swarm.close()
-    timed = events[args.warmup:] or events
     return {"codec": codec, "iterations": len(events),
             "tokens_per_s": statistics.median(e["tokens_per_s"] for e in timed),
             "iteration_s": statistics.median(e["seconds"] for e in timed), "losses": [e["loss"] for e in events],
+            "iteration_seconds": [e["seconds"] for e in events],
+            "iteration_ended_s": [e["time"] - started for e in events],
             "bytes_per_microbatch_hop": bytes_per_microbatch_hop(sent), "traffic": sent,
-            "wall_s": time.time() - started}
+            "compute_ms": compute, "wall_s": time.time() - started}
 
 
 def report(rate: float, measured: float, rows: list[dict]) -> None:

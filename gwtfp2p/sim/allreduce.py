@@ -22,13 +22,13 @@ def butterfly_allreduce_s(net: Network, members: list[str], size_bytes: float) -
 
     In each phase every member sends one part to every other member in parallel; a phase lasts as
     long as its slowest member needs (its slowest link's latency plus its sends, which queue on a
-    shared uplink on the ``home`` network).
+    shared uplink on the ``home`` and ``lab`` networks).
     """
     n = len(members)
     if n <= 1:
         return 0.0
     part = size_bytes / n
-    shared = net.spec.kind == "home"
+    shared = net.spec.shared_uplink
     phase = 0.0
     for a in members:
         latency = sending = 0.0

@@ -33,8 +33,9 @@ class ModelSpec:
     vocab_size: int
     seq_len: int
     microbatch: int  # sequences per microbatch
-    bytes_per_element: int = 2
+    bytes_per_element: int = 2  # a hidden-state value on the wire under ``none``
     codec: str = "none"  # the run's wire codec (``RunSpec``): sizes on the wire follow it (none: bf16 as computed)
+    grad_bytes_per_param: int = GRAD_BYTES_PER_PARAM  # a gradient value in the all-reduce under ``none``
 
     @property
     def tokens(self) -> int:
@@ -85,7 +86,7 @@ class ModelSpec:
 
     def grad_bytes(self, params: int) -> int:
         """A gradient of ``params`` values in the all-reduce, in the wire codec."""
-        return encoded_bytes(self.codec, params, GRAD_BYTES_PER_PARAM)
+        return encoded_bytes(self.codec, params, self.grad_bytes_per_param)
 
     def activation_memory_bytes(self, layers: int) -> float:
         per_layer = self.tokens * self.d_model * (34 + 5 * self.n_heads * self.seq_len / self.d_model)
@@ -121,6 +122,11 @@ MODELS: dict[str, ModelSpec] = {
     # GPT-like, the GPT-3 XL shape (~1.3B parameters), sequence 1024, microbatch 4
     "gpt1.3b": ModelSpec("gpt1.3b", "gpt", d_model=2048, n_layers=24, n_heads=16, ffn_hidden=8192,
                          vocab_size=50257, seq_len=1024, microbatch=4),
+    # The daemon's own: gwtf's `small` GPT-2 preset with the byte tokenizer, microbatches of 8 x 256 tokens
+    # (benchmarks/bench_bandwidth.py). The daemon computes and sends float32 (4 bytes a value under none) and
+    # its contributions are exact int64 fixed-point sums (8 bytes a value under none).
+    "gpt2-small": ModelSpec("gpt2-small", "gpt", d_model=128, n_layers=6, n_heads=4, ffn_hidden=512,
+                            vocab_size=257, seq_len=256, microbatch=8, bytes_per_element=4, grad_bytes_per_param=8),
 }
 
 # Sustained throughput ≈ 40-50 % of the dense bf16/fp16 tensor peak (T4 lower: it throttles at 70 W).

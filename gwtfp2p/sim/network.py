@@ -3,9 +3,13 @@
 Variants: ``geo10`` (the ten-region table: latency and bandwidth by the nodes' locations),
 ``uniform`` (one link everywhere), ``home`` (geo10 latencies behind home broadband access links:
 per-direction bandwidth = min(region link, sender's uplink, receiver's downlink), and a node's
-uploads share its uplink) and ``ideal`` (no latency, unlimited bandwidth). A bulk transfer of S
+uploads share its uplink), ``lab`` (one LAN with the uniform latency, every node's uploads sharing
+one uplink capped at ``lab_uplink_mbit``, downlinks free: the local swarm of
+``benchmarks/bench_bandwidth.py``, network namespaces shaped by ``tc tbf``) and ``ideal`` (no
+latency, unlimited bandwidth). A bulk transfer of S
 bytes from a to b leaves when the a→b direction (and, for ``home``, a's uplink) is free, occupies
-it S/bandwidth seconds and arrives one latency later. Control messages (a few hundred bytes) are
+it S/bandwidth seconds and arrives one latency later (on ``home`` and ``lab`` a's uplink is one
+queue for all its uploads). Control messages (a few hundred bytes) are
 not queued behind bulk data: they take latency + size/bandwidth. Owns no events and no routing.
 """
 
@@ -17,7 +21,8 @@ from dataclasses import dataclass
 from gwtfp2p.config import ConfigError
 from gwtfp2p.flow.geo import GeoTable, geo10
 
-NETWORK_KINDS = ("geo10", "uniform", "home", "ideal")
+NETWORK_KINDS = ("geo10", "uniform", "home", "lab", "ideal")
+SHARED_UPLINK_KINDS = ("home", "lab")  # a node's uploads queue on its one uplink
 MBIT = 1e6 / 8  # bytes per second in one Mbit/s
 CONTROL_BYTES = 300  # a flow-protocol message, an ack, a resend request
 IDEAL_BANDWIDTH = 1e15
@@ -32,6 +37,8 @@ class NetworkSpec:
     uniform_bandwidth_bytes_per_s: float = 1000 * MBIT
     home_uplink_mbit: tuple[float, ...] = (20.0, 40.0, 100.0)
     home_downlink_mbit: tuple[float, ...] = (100.0, 300.0, 1000.0)
+    lab_uplink_mbit: float = 50.0
+    """``lab``: every node's uplink (payload Mbit/s); its downlink is not capped, as under ``tc tbf`` on egress."""
 
     def __post_init__(self) -> None:
         if self.kind not in NETWORK_KINDS:
@@ -41,9 +48,19 @@ class NetworkSpec:
         if not self.home_uplink_mbit or not self.home_downlink_mbit or min(
                 self.home_uplink_mbit + self.home_downlink_mbit) <= 0:
             raise ConfigError("--network: home access links need positive up/down rates")
+        if not (self.lab_uplink_mbit > 0 and self.lab_uplink_mbit < float("inf")):
+            raise ConfigError("--network: the lab uplink must be a positive finite Mbit/s, "
+                              f"got {self.lab_uplink_mbit!r}")
+
+    @property
+    def shared_uplink(self) -> bool:
+        """Whether a node's uploads queue on one uplink (its access link) rather than per destination."""
+        return self.kind in SHARED_UPLINK_KINDS
 
     def draw_access(self, rng: random.Random) -> tuple[float, float]:
-        """(uplink, downlink) in bytes/s for one home node (0, 0 for other variants)."""
+        """(uplink, downlink) in bytes/s for one home or lab node (0, 0 for other variants)."""
+        if self.kind == "lab":
+            return (self.lab_uplink_mbit * MBIT, IDEAL_BANDWIDTH)
         if self.kind != "home":
             return (0.0, 0.0)
         return (rng.choice(self.home_uplink_mbit) * MBIT, rng.choice(self.home_downlink_mbit) * MBIT)
@@ -60,7 +77,7 @@ class Network:
         self._pair: dict[tuple[str, str], tuple[float, float]] = {}
         self._link_free: dict[tuple[str, str], float] = {}
         self._uplink_free: dict[str, float] = {}
-        self._shared_uplink = spec.kind == "home"
+        self._shared_uplink = spec.shared_uplink
         self.bulk_bytes = 0.0
         self.control_bytes = 0.0
 
@@ -84,6 +101,8 @@ class Network:
             return 0.0, IDEAL_BANDWIDTH
         if kind == "uniform":
             return self.spec.uniform_latency_s, self.spec.uniform_bandwidth_bytes_per_s
+        if kind == "lab":
+            return self.spec.uniform_latency_s, min(self.access[a][0], self.access[b][1])
         latency, bandwidth = self.geo.link(self.location[a], self.location[b])
         if kind == "home":
             bandwidth = min(bandwidth, self.access[a][0], self.access[b][1])

@@ -144,6 +144,9 @@ class Scenario:
     horizon_s: float = 4 * 3600.0
     min_replicas_after_crash: int = 2
     max_slots: int = 0  # cap on any node's memory slots (0: memory decides alone)
+    stage_compute_s: tuple[float, ...] = ()
+    """Measured forward + backward seconds per microbatch of each stage's nodes (the data holders first,
+    then stages 1..S), split 1 : 2 between forward and backward; empty: from the model and the GPU class."""
     flow_tick_s: float = 2.0
     flow_uplink_aware: bool = True
     """gwtf and the oracle price a node's shared uplink (``flow.load``): one more unit through a
@@ -173,6 +176,11 @@ class Scenario:
         require(math.isfinite(self.flow_iteration_budget_s) and self.flow_iteration_budget_s >= 0,
                 "--flow-iteration-budget-s", "must be a finite number of seconds >= 0 (0: memory alone bounds)")
         require(self.codec in WIRE_CODECS, "--codec", f"must be one of {', '.join(WIRE_CODECS)}, got {self.codec!r}")
+        require(not self.stage_compute_s or (
+            len(self.stage_compute_s) == self.n_stages + 1
+            and all(math.isfinite(v) and v > 0 for v in self.stage_compute_s)), "--stage-compute-s",
+            f"needs {self.n_stages + 1} positive finite seconds (data holders, then each stage) or none, "
+            f"got {self.stage_compute_s!r}")
         require(isinstance(self.max_slots, int) and self.max_slots >= 0, "--max-slots",
                 "must be an integer >= 0 (0: no cap)")
         require(isinstance(self.min_replicas_after_crash, int) and self.min_replicas_after_crash >= 1,

@@ -114,6 +114,9 @@ class Simulation:
                 cached = relay_compute(self.model, self.layers[plan.stage - 1], gpu, slowdown)
                 if self.scenario.max_slots:
                     cached = replace(cached, slots=min(cached.slots, self.scenario.max_slots))
+            if self.scenario.stage_compute_s:  # measured: the model sizes memory and transfers only
+                measured_s = self.scenario.stage_compute_s[plan.stage]
+                cached = replace(cached, forward_s=measured_s / 3, backward_s=2 * measured_s / 3)
             self._compute[plan.node_id] = cached
         return cached
 
@@ -135,10 +138,10 @@ class Simulation:
 
     def resources_of(self, node: SimNode) -> NodeResources:
         """GPU and uplink seconds per unit (``flow.load``). A unit uploads its activations forward
-        and its gradient backward; the uplink counts where a node's uploads share it (home)."""
+        and its gradient backward; the uplink counts where a node's uploads share it (home, lab)."""
         compute_s = node.forward_s + node.backward_s
         uplink = self.network.access.get(node.node_id, (0.0, 0.0))[0]
-        if not self.scenario.flow_uplink_aware or self.network.spec.kind != "home" or uplink <= 0:
+        if not self.scenario.flow_uplink_aware or not self.network.spec.shared_uplink or uplink <= 0:
             return NodeResources(compute_s_per_unit=compute_s)
         return NodeResources.from_uplink(compute_s_per_unit=compute_s, uplink_bytes_per_s=uplink,
                                          upload_bytes_per_unit=2 * self.model.activation_bytes)

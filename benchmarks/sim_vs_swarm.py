@@ -1,0 +1,180 @@
+"""Benchmark: the simulator's prediction against a measured swarm, on the same model, network and compute.
+
+    .venv/bin/python benchmarks/sim_vs_swarm.py [--swarm docs/data/bench_bandwidth-compute.json]
+        [--out docs/data/sim_vs_swarm.json] [--latency-s 0.001]
+
+For every rate and codec of a ``benchmarks/bench_bandwidth.py`` run (a data holder and 2 stages × 2
+relays of capacity 2, every uplink capped by ``tc tbf``), simulates the same swarm with gwtf's router:
+the ``gpt2-small`` model (gwtf's ``small`` preset as the daemon sends it: float32 hidden states and
+int64 contributions under ``none``), the ``lab`` network (one LAN; each node's uploads share one uplink
+at the rate the run's raw TCP check measured through the cap), each stage's compute the median of what
+that run's daemons measured (``compute_ms``), the daemons' flow tick, no churn, as many iterations.
+The compute figures are inputs measured in the same run; the throughput is the prediction. Prints
+measured and predicted tokens/s and speed-ups over ``none`` side by side; asserts nothing. Results:
+docs/bandwidth.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gwtfp2p.sim.compute import MODELS
+from gwtfp2p.sim.network import NetworkSpec
+from gwtfp2p.sim.params import Scenario
+from gwtfp2p.sim.simulation import Simulation
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "gpt2-small"
+STAGES = {"dh": 0, "r1a": 1, "r1b": 1, "r2a": 2, "r2b": 2}  # bench_bandwidth's nodes and their stages
+RELAY_CAPACITY = 2
+TICK_S = 0.25  # the daemons' --tick-s (localswarm FAST)
+
+
+def check_setup(swarm: dict) -> None:
+    """Refuse a run whose model or swarm shape the simulated one does not match."""
+    setup, spec, model = swarm["setup"], swarm["spec"], MODELS[MODEL]
+    want = {"model_family": "gpt2", "model_preset": "small", "n_stages": 2, "microbatch_size": model.microbatch,
+            "seq_len": model.seq_len, "microbatches_per_dh": 4}
+    wrong = {k: spec.get(k) for k, v in want.items() if spec.get(k) != v}
+    if wrong:
+        raise SystemExit(f"--swarm: the simulator's {MODEL} is {want}; this run has {wrong}")
+    if not all("compute_ms" in run for result in swarm["results"] for run in result["runs"]):
+        raise SystemExit("--swarm: a run without compute_ms (bench_bandwidth.py before 7 Dec 2026); re-run it")
+    if setup["iterations"] <= setup["warmup"] + 1:
+        raise SystemExit("--swarm: the run needs two timed iterations after its warm-up (a pace)")
+    if not all(len(run.get("iteration_ended_s") or []) == run["iterations"]
+               for result in swarm["results"] for run in result["runs"]):
+        raise SystemExit("--swarm: a run without its iterations' ends (bench_bandwidth.py before 7 Dec 2026)")
+
+
+def stage_compute_s(run: dict) -> tuple[float, float, float]:
+    """Per stage (data holder, 1, 2): the median of its daemons' measured seconds per microbatch."""
+    per_stage: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    for name, ms in run["compute_ms"].items():
+        per_stage[STAGES[name]].append(ms / 1000)
+    missing = [stage for stage, values in per_stage.items() if not values]
+    if missing:
+        raise SystemExit(f"--swarm: {run['codec']}: no compute figure for stage(s) {missing}")
+    return tuple(statistics.median(values) for _, values in sorted(per_stage.items()))
+
+
+def scenario_for(run: dict, uplink_mbit: float, iterations: int, latency_s: float) -> Scenario:
+    compute = stage_compute_s(run)
+    return Scenario(
+        name=f"lab-{uplink_mbit:.1f}mbit-{run['codec']}", model=MODEL, n_stages=2, relays_per_stage=2,
+        data_holders=1, microbatches_per_dh=4, codec=run["codec"], max_slots=RELAY_CAPACITY, flow_tick_s=TICK_S,
+        network=NetworkSpec("lab", uniform_latency_s=latency_s, lab_uplink_mbit=uplink_mbit),
+        target_microbatches=4 * iterations, horizon_s=24 * 3600.0, stage_compute_s=compute,
+        description="benchmarks/bench_bandwidth.py's swarm: measured compute, uplinks capped at the measured rate")
+
+
+def predict(scenario: Scenario, warmup: int) -> dict:
+    """The simulated swarm's tokens/s: tokens per iteration over the median iteration after the warm-up."""
+    sim = Simulation(scenario, seed=0, router="gwtf")
+    result = sim.run()
+    spans = [end - start for _, start, end in sim.metrics.iterations]
+    timed = spans[warmup:] or spans
+    iteration_s = statistics.median(timed)
+    model = sim.model
+    tokens = scenario.microbatches_per_dh * scenario.data_holders * model.tokens
+    return {"iteration_s": iteration_s, "tokens_per_s": tokens / iteration_s, "iterations": len(spans),
+            "completed": result.summary.completed, "activation_bytes": model.activation_bytes,
+            "stage_compute_s": list(scenario.stage_compute_s)}
+
+
+def measured_period_tokens_per_s(run: dict, warmup: int, tokens: int) -> float:
+    """Tokens over the median time between the ends of consecutive timed iterations: the swarm's pace,
+    the relays' aggregation and step included (the daemon's own tokens/s counts an iteration from its
+    first forward to its last gradient, without them). The simulator's iterations follow each other
+    back to back, so its median iteration is its pace."""
+    ends = run["iteration_ended_s"]
+    gaps = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1:], strict=False)]
+    return tokens / statistics.median(gaps)
+
+
+def compare(swarm: dict, latency_s: float) -> list[dict]:
+    setup = swarm["setup"]
+    tokens = 4 * MODELS[MODEL].tokens
+    rows = []
+    for result in swarm["results"]:
+        for run in result["runs"]:
+            scenario = scenario_for(run, result["measured_mbit"], setup["iterations"], latency_s)
+            rows.append({"rate_mbit": result["rate_mbit"], "measured_mbit": result["measured_mbit"],
+                         "codec": run["codec"], "measured_tokens_per_s": run["tokens_per_s"],
+                         "measured_iteration_s": run["iteration_s"],
+                         "measured_period_tokens_per_s": measured_period_tokens_per_s(run, setup["warmup"], tokens),
+                         "compute_ms": run["compute_ms"], "predicted": predict(scenario, setup["warmup"])})
+    return rows
+
+
+def report(rows: list[dict]) -> None:
+    """Per rate and codec: the measured pace and the prediction, and each one's speed-up over ``none``."""
+    print(f"{'rate':>6} {'codec':<11}{'compute ms dh/s1/s2':>21}{'daemon t/s':>12}{'pace t/s':>10}"
+          f"{'predicted':>11}{'pred/pace':>10}{'speed-up pace':>15}{'pred':>7}")
+    for rate in sorted({r["rate_mbit"] for r in rows}, reverse=True):
+        at_rate = [r for r in rows if r["rate_mbit"] == rate]
+        base = next(r for r in at_rate if r["codec"] == "none")
+        for r in at_rate:
+            p, pace = r["predicted"], r["measured_period_tokens_per_s"]
+            compute = "/".join(f"{s * 1000:.0f}" for s in p["stage_compute_s"])
+            speed_up = pace / base["measured_period_tokens_per_s"]
+            print(f"{rate:>6g} {r['codec']:<11}{compute:>21}{r['measured_tokens_per_s']:>12.0f}{pace:>10.0f}"
+                  f"{p['tokens_per_s']:>11.0f}{p['tokens_per_s'] / pace:>9.2f}x{speed_up:>14.2f}x"
+                  f"{p['tokens_per_s'] / base['predicted']['tokens_per_s']:>6.2f}x")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Per rate: measured pace and predicted tokens/s per codec, bars side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sorted({r["rate_mbit"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(rates), figsize=(4.4 * len(rates), 3.6), squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=True):
+        at_rate = [r for r in rows if r["rate_mbit"] == rate]
+        x = range(len(at_rate))
+        ax.bar([i - 0.2 for i in x], [r["measured_period_tokens_per_s"] for r in at_rate], 0.4,
+               label="measured swarm (pace)", color="tab:blue")
+        ax.bar([i + 0.2 for i in x], [r["predicted"]["tokens_per_s"] for r in at_rate], 0.4,
+               label="simulator", color="tab:orange")
+        ax.set_xticks(list(x), [r["codec"] for r in at_rate])
+        ax.set_title(f"uplinks capped at {rate:g} Mbit/s", fontsize=9)
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=8)
+    fig.suptitle("The simulator against the measured swarm it models\n"
+                 "(gpt2 small, data holder + 2 stages x 2 relays, compute measured in the same run)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--swarm", type=Path, default=ROOT / "docs" / "data" / "bench_bandwidth-compute.json",
+                        help="a benchmarks/bench_bandwidth.py result with compute_ms")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "data" / "sim_vs_swarm.json")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "sim-vs-swarm.png")
+    parser.add_argument("--latency-s", type=float, default=0.001,
+                        help="one-way latency of the simulated LAN (namespaces on one bridge: well under 1 ms)")
+    args = parser.parse_args()
+    swarm = json.loads(args.swarm.read_text())
+    check_setup(swarm)
+    rows = compare(swarm, args.latency_s)
+    report(rows)
+    args.out.write_text(json.dumps({"swarm": str(args.swarm.relative_to(ROOT)) if args.swarm.is_relative_to(ROOT)
+                                    else str(args.swarm), "latency_s": args.latency_s, "model": MODEL,
+                                    "rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+    plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()
