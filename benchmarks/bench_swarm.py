@@ -4,8 +4,10 @@ For each configuration, one run starts a data holder and relays (``gwtf join`` p
 127.0.0.1, explicit stages, ``--min-nodes`` so every iteration has the whole swarm), trains a few
 iterations, and prints side by side:
 
-* tokens/s of the swarm (steady state: iterations after the first two, Σ tokens / Σ seconds, the
-  data holder's iteration wall time including aggregation) and of ``PipelineHarness`` on the same
+* tokens/s of the swarm (steady state: iterations after the first two, Σ tokens / Σ period_s, the
+  data holder's time from one iteration's close to the next: the relays' aggregation and steps
+  included, as the harness's iterations include its steps; also over the iterations' own spans, Σ
+  seconds, the figure before 7 Dec 2026) and of ``PipelineHarness`` on the same
   model, batches and replica counts in one process, and their ratio;
 * seconds from process start to ``ready`` (per node: imports, DHT, transport, model, data), and
   from the last node's ``ready`` to the first microbatch (routing convergence), and from the data
@@ -106,9 +108,11 @@ def run_swarm(case: Case, work: Path) -> dict:
         memory = {d.name: node_memory(d) for d in swarm.daemons}
         dh.wait_event("training_done", 300)
         iterations = dh.of("iteration")[2:]
-        tokens_per_s = sum(e["tokens"] for e in iterations) / sum(e["seconds"] for e in iterations)
+        tokens = sum(e["tokens"] for e in iterations)
+        tokens_per_s = tokens / sum(e["period_s"] for e in iterations)
+        span_tokens_per_s = tokens / sum(e["seconds"] for e in iterations)  # without what comes between
         last_ready = max(d.ready["time"] for d in swarm.daemons)
-        return {"tokens_per_s": tokens_per_s,
+        return {"tokens_per_s": tokens_per_s, "span_tokens_per_s": span_tokens_per_s,
                 "start_to_ready_s": {d.name: d.ready["time"] - d.started_at for d in swarm.daemons},
                 "ready_to_first_microbatch_s": first["time"] - last_ready,
                 "dh_start_to_first_microbatch_s": first["time"] - dh.started_at,
@@ -122,8 +126,10 @@ def report(case: Case, swarm: dict, harness: float) -> None:
            f"x{case.seq_len}"
     ready = swarm["start_to_ready_s"]
     print(f"\n{name}")
+    span = swarm["span_tokens_per_s"]
     print(f"  tokens/s: swarm {swarm['tokens_per_s']:.0f}, harness {harness:.0f}, ratio "
-          f"{swarm['tokens_per_s'] / harness:.2f}")
+          f"{swarm['tokens_per_s'] / harness:.2f} (over the iterations' own spans, without the aggregation and "
+          f"steps between them: swarm {span:.0f}, ratio {span / harness:.2f})")
     print(f"  start -> ready: data holder {ready['dh0']:.1f} s, relays median "
           f"{statistics.median(v for k, v in ready.items() if k != 'dh0'):.1f} s; last ready -> first microbatch "
           f"{swarm['ready_to_first_microbatch_s']:.1f} s; data holder start -> first microbatch "

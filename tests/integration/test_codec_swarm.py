@@ -74,6 +74,15 @@ def assert_replicas_in_sync(swarm: Swarm, dh: Daemon) -> None:
     assert {e["iteration"] for e in dh.of("iteration")} == set(range(ITERATIONS))
 
 
+def assert_tokens_per_s_is_the_pace(dh: Daemon) -> None:
+    """Each iteration's period runs from the previous close (the first: from its start), so it holds the
+    iteration's own span and the aggregation and steps between; tokens/s is tokens over it."""
+    events = dh.of("iteration")
+    assert all(e["period_s"] >= e["seconds"] > 0 for e in events), events
+    assert events[0]["period_s"] == events[0]["seconds"]
+    assert all(e["tokens_per_s"] == pytest.approx(e["tokens"] / e["period_s"]) for e in events), events
+
+
 def harness_losses(spec: RunSpec, codecs: WireCodecs | None, iterations: int = ITERATIONS,
                    replicas: tuple[int, int] = (2, 2)) -> dict[int, dict[int, float]]:
     """Per iteration, each microbatch's loss (by index) in the in-process pipeline, codecs or not."""
@@ -121,6 +130,7 @@ def test_lossy_contributions_keep_replicas_identical(tmp_path: Path) -> None:
         losses = [e["loss"] for e in dh.of("iteration")]
         assert len(losses) == ITERATIONS and losses[-1] < losses[0]
         assert_replicas_in_sync(swarm, dh)
+        assert_tokens_per_s_is_the_pace(dh)
     finally:
         swarm.close()
 

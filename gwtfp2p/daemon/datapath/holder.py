@@ -30,6 +30,7 @@ from gwtfp2p.daemon.datapath.crosscheck import CrossCheck
 from gwtfp2p.daemon.datapath.iterations import Closing
 from gwtfp2p.daemon.datapath.ledger import IterationLedger, assign_units
 from gwtfp2p.daemon.datapath.outbox import Outbox
+from gwtfp2p.daemon.datapath.pace import Pace
 from gwtfp2p.daemon.datapath.receiver import NEW, HopReceiver, HopRecord, HopTable
 from gwtfp2p.daemon.datapath.recovery import Recovery
 from gwtfp2p.daemon.events import Events
@@ -181,7 +182,9 @@ class HolderRole:
         self._began_at = 0.0
         self._units = 0
         self._resends_before = 0
-        self._report: tuple[Closed, int, float, float | None] = (Closed(iteration=0, data_holders=()), 0, 0.0, None)
+        self._pace = Pace()
+        self._report: tuple[Closed, int, float, float, float | None] = (
+            Closed(iteration=0, data_holders=()), 0, 0.0, 0.0, None)
 
     async def until_over(self, t: int, stop: asyncio.Event, abort: asyncio.Event) -> dict[str, Any] | None:
         if stop.is_set():
@@ -231,25 +234,27 @@ class HolderRole:
     async def clip_norm(self, t: int, gathered: Gathered) -> float | None:
         """Tell every relay that ``t`` is over (with the swarm's loss); with global clipping, collect every
         stage's squared norm, add ours and tell them the total."""
-        seconds = time.monotonic() - self._began_at
+        now = time.monotonic()
+        seconds = now - self._began_at
         tokens = sum(int(tags.get("tokens", 0)) for tags in gathered.tags.values())
+        period_s, tokens_per_s = self._pace.close(now, self._began_at, tokens)
         losses = losstags.swarm_loss(gathered.tags.values())  # exact: the same bits in any order
         closed = Closed(iteration=t, data_holders=gathered.members, loss=_wire_loss(losses.mean),
-                        microbatches=losses.count, tokens_per_s=tokens / seconds if seconds > 0 else 0.0)
-        self._report = (closed, tokens, seconds, losses.mean)
+                        microbatches=losses.count, tokens_per_s=tokens_per_s)
+        self._report = (closed, tokens, seconds, period_s, losses.mean)
         await self.closing.broadcast(closed)
         if self.clip is None:
             return None
         return await self.clip.total(t, gathered.sq_norm, lambda stages: self.closing.broadcast(closed, stages))
 
     async def stepped(self, t: int, outcome: Outcome) -> None:
-        closed, tokens, seconds, loss = self._report
+        closed, tokens, seconds, period_s, loss = self._report
         ledger = self.path.ledger
         own = {f"{self.path.self_id}/{t}/{i}": value for i, value in ledger.losses().items()}
         done = ledger.done
         self.events.emit("iteration", iteration=t, loss=loss, losses=own, data_holders=list(outcome.members),
                          microbatches=done, lost_microbatches=ledger.n_microbatches - done,
-                         swarm_microbatches=closed.microbatches, tokens=tokens, seconds=seconds,
+                         swarm_microbatches=closed.microbatches, tokens=tokens, seconds=seconds, period_s=period_s,
                          resent_microbatches=self.recovery.resends - self._resends_before,
                          tokens_per_s=closed.tokens_per_s, units=self._units, hash=outcome.step.state_hash,
                          count=outcome.step.count, clip_scale=outcome.step.clip_scale)
