@@ -10,8 +10,10 @@ between two hosts. Then, per codec (forward, backward and aggregate codec alike)
 ``--iterations`` iterations; reported: tokens/s (median of the iterations after ``--warmup``), the
 iteration time (and each iteration's seconds and end), the wire bytes per microbatch per hop (the
 daemons' counters), each daemon's measured compute per microbatch (``compute_ms``, what
-``benchmarks/sim_vs_swarm.py`` feeds the simulator) and the ratios to ``none``. Needs root. Prints
-figures and plots them (``--from-json FILE`` re-plots a saved run); asserts nothing. Results: docs/bandwidth.md.
+``benchmarks/sim_vs_swarm.py`` feeds the simulator), what each host's link sent in all (the kernel's
+counter, start-up and every protocol included) beside each daemon's counted payload, and the ratios
+to ``none``. Needs root. Prints figures and plots them (``--from-json FILE`` re-plots a saved run);
+asserts nothing. Results: docs/bandwidth.md.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gwtfp2p.config import WIRE_CODECS, RunSpec
 from gwtfp2p.localswarm.processes import FAST, Swarm
 from gwtfp2p.localswarm.wire_figures import bytes_per_microbatch_hop, compute_ms, swarm_traffic
-from tests.integration.netns.rate import transfer_mbit
+from tests.integration.netns.rate import transfer_mbit, tx_bytes
 from tests.integration.netns.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +51,7 @@ def run_swarm(topo: Topology, args: argparse.Namespace, codec: str, log_dir: Pat
     spec_path.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in vars(spec).items()}))
     swarm = Swarm(log_dir, common=FAST)
     started = time.time()
+    sent_before = {name: tx_bytes(topo, name) for name in topo.hosts}
     try:
         dh = swarm.spawn("dh", "--role", "data", "--host", "0.0.0.0", "--port", "4000", "--run-spec", str(spec_path),
                          "--min-nodes", "5", "--max-iterations", str(args.iterations),
@@ -65,6 +68,8 @@ def run_swarm(topo: Topology, args: argparse.Namespace, codec: str, log_dir: Pat
         timed = events[args.warmup:] or events
         measured_from = timed[0]["time"] - timed[0]["seconds"]  # the start of the first timed iteration
         compute = compute_ms(swarm.daemons, measured_from)
+        link_sent = {name: tx_bytes(topo, name) - before for name, before in sent_before.items()}
+        payload = {d.name: swarm_traffic([d], 0.0) for d in swarm.daemons}  # their reports just read: no wait
     finally:
         swarm.close()
     return {"codec": codec, "iterations": len(events),
@@ -73,7 +78,8 @@ def run_swarm(topo: Topology, args: argparse.Namespace, codec: str, log_dir: Pat
             "iteration_seconds": [e["seconds"] for e in events],
             "iteration_ended_s": [e["time"] - started for e in events],
             "bytes_per_microbatch_hop": bytes_per_microbatch_hop(sent), "traffic": sent,
-            "compute_ms": compute, "wall_s": time.time() - started}
+            "compute_ms": compute, "link_tx_bytes": link_sent, "traffic_by_node": payload,
+            "wall_s": time.time() - started}
 
 
 def report(rate: float, measured: float, rows: list[dict]) -> None:

@@ -9,7 +9,9 @@ the ``gpt2-small`` model (gwtf's ``small`` preset as the daemon sends it: float3
 int64 contributions under ``none``), the ``lab`` network (one LAN; each node's uploads share one uplink
 at the rate the run's raw TCP check measured through the cap), each stage's compute the median of what
 that run's daemons measured (``compute_ms``), the daemons' flow tick, no churn, as many iterations.
-The compute figures are inputs measured in the same run; the throughput is the prediction. Prints
+The compute figures are inputs measured in the same run; the throughput is the prediction. Where the
+run saved its links' byte counters, a second prediction sets each uplink to the cap times the share
+of the links' bytes that was payload (headers, framing, the DHT and control messages take the rest). Prints
 measured and predicted tokens/s and speed-ups over ``none`` side by side; asserts nothing. Results:
 docs/bandwidth.md.
 """
@@ -98,6 +100,19 @@ def measured_period_tokens_per_s(run: dict, warmup: int, tokens: int) -> float:
     return tokens / statistics.median(gaps)
 
 
+def payload_share(run: dict) -> float | None:
+    """The daemons' counted payload (hops and contributions) over all their hosts' links sent (the kernel's
+    counters: headers, framing, the DHT, control messages, start-up), when the run saved both. ``tc tbf``
+    caps what those counters count, so the payload's rate is the cap times this share."""
+    sent, by_node = run.get("link_tx_bytes"), run.get("traffic_by_node")
+    if not sent or not by_node:
+        return None
+    kinds = ("forward_bytes", "backward_bytes", "aggregation_bytes")
+    payload = sum(t.get(k, 0) for t in by_node.values() for k in kinds)
+    total = sum(sent.values())
+    return payload / total if total > 0 and payload > 0 else None
+
+
 def compare(swarm: dict, latency_s: float) -> list[dict]:
     setup = swarm["setup"]
     tokens = 4 * MODELS[MODEL].tokens
@@ -105,11 +120,17 @@ def compare(swarm: dict, latency_s: float) -> list[dict]:
     for result in swarm["results"]:
         for run in result["runs"]:
             scenario = scenario_for(run, result["measured_mbit"], setup["iterations"], latency_s)
-            rows.append({"rate_mbit": result["rate_mbit"], "measured_mbit": result["measured_mbit"],
-                         "codec": run["codec"], "measured_tokens_per_s": run["tokens_per_s"],
-                         "measured_iteration_s": run["iteration_s"],
-                         "measured_period_tokens_per_s": measured_period_tokens_per_s(run, setup["warmup"], tokens),
-                         "compute_ms": run["compute_ms"], "predicted": predict(scenario, setup["warmup"])})
+            share = payload_share(run)
+            row = {"rate_mbit": result["rate_mbit"], "measured_mbit": result["measured_mbit"],
+                   "codec": run["codec"], "measured_tokens_per_s": run["tokens_per_s"],
+                   "measured_iteration_s": run["iteration_s"],
+                   "measured_period_tokens_per_s": measured_period_tokens_per_s(run, setup["warmup"], tokens),
+                   "compute_ms": run["compute_ms"], "predicted": predict(scenario, setup["warmup"]),
+                   "payload_share": share, "predicted_payload_rate": None}
+            if share is not None:  # the uplink at the rate the payload really gets
+                rated = scenario_for(run, result["rate_mbit"] * share, setup["iterations"], latency_s)
+                row["predicted_payload_rate"] = predict(rated, setup["warmup"])
+            rows.append(row)
     return rows
 
 
@@ -127,6 +148,10 @@ def report(rows: list[dict]) -> None:
             print(f"{rate:>6g} {r['codec']:<11}{compute:>21}{r['measured_tokens_per_s']:>12.0f}{pace:>10.0f}"
                   f"{p['tokens_per_s']:>11.0f}{p['tokens_per_s'] / pace:>9.2f}x{speed_up:>14.2f}x"
                   f"{p['tokens_per_s'] / base['predicted']['tokens_per_s']:>6.2f}x")
+            rated = r["predicted_payload_rate"]
+            if rated is not None:
+                print(f"{'':>18}payload {100 * r['payload_share']:.1f} % of the links' bytes: at the cap times that, "
+                      f"predicted {rated['tokens_per_s']:.0f} tokens/s, {rated['tokens_per_s'] / pace:.2f}x the pace")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -141,14 +166,22 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, rate in zip(axes[0], rates, strict=True):
         at_rate = [r for r in rows if r["rate_mbit"] == rate]
         x = range(len(at_rate))
-        ax.bar([i - 0.2 for i in x], [r["measured_period_tokens_per_s"] for r in at_rate], 0.4,
-               label="measured swarm (pace)", color="tab:blue")
-        ax.bar([i + 0.2 for i in x], [r["predicted"]["tokens_per_s"] for r in at_rate], 0.4,
-               label="simulator", color="tab:orange")
+        rated = all(r.get("predicted_payload_rate") for r in at_rate)
+        width = 0.27 if rated else 0.4
+        ax.bar([i - width for i in x] if rated else [i - 0.2 for i in x],
+               [r["measured_period_tokens_per_s"] for r in at_rate], width, label="measured swarm (pace)",
+               color="tab:blue")
+        ax.bar(list(x) if rated else [i + 0.2 for i in x], [r["predicted"]["tokens_per_s"] for r in at_rate], width,
+               label="simulator, uplink = raw TCP rate", color="tab:orange")
+        if rated:
+            ax.bar([i + width for i in x], [r["predicted_payload_rate"]["tokens_per_s"] for r in at_rate], width,
+                   label="simulator, uplink = cap x payload share", color="tab:green")
         ax.set_xticks(list(x), [r["codec"] for r in at_rate])
         ax.set_title(f"uplinks capped at {rate:g} Mbit/s", fontsize=9)
         ax.set_ylabel("tokens/s")
-        ax.legend(fontsize=8)
+        tallest = max(max(r["measured_period_tokens_per_s"], r["predicted"]["tokens_per_s"]) for r in at_rate)
+        ax.set_ylim(0, 1.4 * tallest)
+        ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("The simulator against the measured swarm it models\n"
                  "(gpt2 small, data holder + 2 stages x 2 relays, compute measured in the same run)", fontsize=9)
     fig.tight_layout()

@@ -19,7 +19,7 @@ import pytest
 
 from gwtfp2p.config import encoded_bytes
 from gwtfp2p.localswarm.wire_figures import bytes_per_microbatch_hop, swarm_traffic
-from tests.integration.netns.rate import transfer_mbit
+from tests.integration.netns.rate import transfer_mbit, tx_bytes
 from tests.integration.netns.topology import Topology
 from tests.integration.swarm import Swarm
 
@@ -33,11 +33,6 @@ HIDDEN = 32  # the tiny preset
 
 def topology() -> Topology:
     return Topology(prefix=f"bw16{uuid.uuid4().hex[:5]}")
-
-
-def tx_bytes(topo: Topology, name: str) -> int:
-    host = topo.hosts[name]
-    return int(host.run("cat", f"/sys/class/net/{host.link}/statistics/tx_bytes").stdout)
 
 
 def test_tbf_caps_the_uplink() -> None:

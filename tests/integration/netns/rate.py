@@ -2,7 +2,8 @@
 
 ``tc tbf`` caps a host's uplink in the kernel (``Topology.shape``); ``transfer_mbit`` sends ``size_bytes``
 from one host to another over plain TCP (a Python one-liner in each namespace) and returns the Mbit/s the
-receiver saw, so tests and benchmarks check the cap instead of trusting it.
+receiver saw, so tests and benchmarks check the cap instead of trusting it. ``tx_bytes`` reads what a
+host's link has sent in all (the kernel's counter: headers, framing and every protocol included).
 """
 
 from __future__ import annotations
@@ -43,3 +44,9 @@ def transfer_mbit(topo: Topology, sender: str, receiver: str, size_bytes: int = 
     finally:
         server.kill()
         server.wait()
+
+
+def tx_bytes(topo: Topology, name: str) -> int:
+    """Bytes host ``name``'s link has sent since it was made (``/sys/class/net/<link>/statistics/tx_bytes``)."""
+    host = topo.hosts[name]
+    return int(host.run("cat", f"/sys/class/net/{host.link}/statistics/tx_bytes").stdout)
