@@ -267,7 +267,7 @@ def _report(events: list[dict[str, Any]], summary: dict[str, Any], daemons: list
             wall_s: float, as_json: bool, say, chaos: dict[str, Any] | None = None,
             wire: dict[str, Any] | None = None) -> None:
     losses = [e["loss"] for e in events]
-    seconds = sum(e.get("period_s", e["seconds"]) for e in events)  # the pace: aggregation and steps too
+    seconds = sum(e["period_s"] for e in events)  # the pace: aggregation and steps too
     result = {"iterations": len(events), "losses": losses, "replicas_in_sync": in_sync(daemons),
               "tokens_per_s": sum(e["tokens"] for e in events) / seconds if seconds else 0.0,
               **(wire or {}), "startup_s": startup_s, "wall_s": wall_s,

@@ -6,11 +6,11 @@ per-direction bandwidth = min(region link, sender's uplink, receiver's downlink)
 uploads share its uplink), ``lab`` (one LAN with the uniform latency, every node's uploads sharing
 one uplink capped at ``lab_uplink_mbit``, downlinks free: the local swarm of
 ``benchmarks/bench_bandwidth.py``, network namespaces shaped by ``tc tbf``) and ``ideal`` (no
-latency, unlimited bandwidth). A bulk transfer of S
-bytes from a to b leaves when the a→b direction (and, for ``home``, a's uplink) is free, occupies
-it S/bandwidth seconds and arrives one latency later (on ``home`` and ``lab`` a's uplink is one
-queue for all its uploads). Control messages (a few hundred bytes) are
-not queued behind bulk data: they take latency + size/bandwidth. Owns no events and no routing.
+latency, unlimited bandwidth). A bulk transfer of S bytes from a to b leaves when the a→b
+direction (and, for ``home`` and ``lab``, a's uplink: one queue for all its uploads) is free,
+occupies it S/bandwidth seconds and arrives one latency later. Control messages (a few hundred
+bytes) are not queued behind bulk data: they take latency + size/bandwidth. Owns no events and no
+routing.
 """
 
 from __future__ import annotations

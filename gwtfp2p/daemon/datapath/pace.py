@@ -19,7 +19,7 @@ class Pace:
     def close(self, now_s: float, began_at_s: float, tokens: int) -> tuple[float, float]:
         """``(period_s, tokens_per_s)`` of the iteration closing at ``now_s``: since the previous close, or
         since ``began_at_s`` (when this iteration began) for the first one this node closes."""
-        start_s = began_at_s if self.closed_at_s is None else min(self.closed_at_s, began_at_s)
+        start_s = began_at_s if self.closed_at_s is None else self.closed_at_s
         self.closed_at_s = now_s
         period_s = max(0.0, now_s - start_s)
         return period_s, tokens / period_s if period_s > 0 else 0.0
