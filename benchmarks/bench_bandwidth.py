@@ -11,8 +11,9 @@ between two hosts. Then, per codec (forward, backward and aggregate codec alike)
 iteration time (and each iteration's seconds and end), the wire bytes per microbatch per hop (the
 daemons' counters), each daemon's measured compute per microbatch (``compute_ms``, what
 ``benchmarks/sim_vs_swarm.py`` feeds the simulator), what each host's link sent in all (the kernel's
-counter, start-up and every protocol included) beside each daemon's counted payload, and the ratios
-to ``none``. Needs root. Prints figures and plots them (``--from-json FILE`` re-plots a saved run);
+counter, start-up and every protocol included) beside each daemon's counted payload, the CPU the host and
+each daemon used over the timed iterations (``cpu``: the five daemons share this machine's cores), and the
+ratios to ``none``. Needs root. Prints figures and plots them (``--from-json FILE`` re-plots a saved run);
 asserts nothing. Results: docs/bandwidth.md.
 """
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gwtfp2p.config import WIRE_CODECS, RunSpec
 from gwtfp2p.localswarm.processes import FAST, Swarm
 from gwtfp2p.localswarm.wire_figures import bytes_per_microbatch_hop, compute_ms, swarm_traffic
+from tests.integration import host_cpu
 from tests.integration.netns.rate import transfer_mbit, tx_bytes
 from tests.integration.netns.topology import Topology
 
@@ -62,7 +64,12 @@ def run_swarm(topo: Topology, args: argparse.Namespace, codec: str, log_dir: Pat
                   for name, stage in RELAYS]
         for relay in relays:
             relay.wait_ready()
+        cursor = 0
+        for _ in range(args.warmup):  # the timed iterations' CPU: from the warm-up's last close to the end
+            _, cursor = dh.next_event(("iteration",), cursor, args.timeout_s)
+        cpu_before = host_cpu.sample(swarm.daemons)
         dh.wait_event("training_done", args.timeout_s)
+        cpu = host_cpu.cpu_between(cpu_before, host_cpu.sample(swarm.daemons))
         events = dh.of("iteration")
         sent = swarm_traffic(swarm.daemons, time.time())
         timed = events[args.warmup:] or events
@@ -79,6 +86,7 @@ def run_swarm(topo: Topology, args: argparse.Namespace, codec: str, log_dir: Pat
             "iteration_ended_s": [e["time"] - started for e in events],
             "bytes_per_microbatch_hop": bytes_per_microbatch_hop(sent), "traffic": sent,
             "compute_ms": compute, "link_tx_bytes": link_sent, "traffic_by_node": payload,
+            "cpu": {**cpu, "iterations": len(events) - args.warmup},
             "wall_s": time.time() - started}
 
 
@@ -86,13 +94,14 @@ def report(rate: float, measured: float, rows: list[dict]) -> None:
     base = next((r for r in rows if r["codec"] == "none"), rows[0])
     print(f"\nuplinks capped at {rate:g} Mbit/s (tc tbf; a raw TCP transfer measured {measured:.1f} Mbit/s)")
     print(f"{'codec':<11}{'bytes/hop':>12}{'byte ratio':>12}{'tokens/s':>10}{'speed-up':>10}{'iteration s':>13}"
-          f"{'agg MiB':>9}")
+          f"{'agg MiB':>9}{'host CPU':>10}")
     for r in rows:
         per_hop = r["bytes_per_microbatch_hop"] or 0.0
         ratio = (base["bytes_per_microbatch_hop"] or 0.0) / per_hop if per_hop else 0.0
         agg = r["traffic"].get("aggregation_bytes", 0) / 2**20
         print(f"{r['codec']:<11}{per_hop:>12,.0f}{ratio:>11.2f}x{r['tokens_per_s']:>10.0f}"
-              f"{r['tokens_per_s'] / base['tokens_per_s']:>9.2f}x{r['iteration_s']:>13.2f}{agg:>9.1f}")
+              f"{r['tokens_per_s'] / base['tokens_per_s']:>9.2f}x{r['iteration_s']:>13.2f}{agg:>9.1f}"
+              f"{100 * r['cpu']['host_utilization']:>9.0f}%")
 
 
 def plot(results: list[dict], path: Path) -> None:

@@ -80,14 +80,43 @@ def predict(scenario: Scenario, warmup: int) -> dict:
     """The simulated swarm's tokens/s: tokens per iteration over the median iteration after the warm-up."""
     sim = Simulation(scenario, seed=0, router="gwtf")
     result = sim.run()
-    spans = [end - start for _, start, end in sim.metrics.iterations]
-    timed = spans[warmup:] or spans
-    iteration_s = statistics.median(timed)
+    iterations = sim.metrics.iterations[warmup:] or sim.metrics.iterations
+    iteration_s = statistics.median(end - start for _, start, end in iterations)
+    aggregated = sim.metrics.aggregations
     model = sim.model
     tokens = scenario.microbatches_per_dh * scenario.data_holders * model.tokens
-    return {"iteration_s": iteration_s, "tokens_per_s": tokens / iteration_s, "iterations": len(spans),
-            "completed": result.summary.completed, "activation_bytes": model.activation_bytes,
-            "stage_compute_s": list(scenario.stage_compute_s)}
+    return {"iteration_s": iteration_s, "tokens_per_s": tokens / iteration_s,
+            "iterations": len(sim.metrics.iterations), "completed": result.summary.completed,
+            "activation_bytes": model.activation_bytes, "stage_compute_s": list(scenario.stage_compute_s),
+            "microbatch_phase_s": statistics.median(aggregated[i] - start for i, start, _ in iterations),
+            "aggregation_phase_s": statistics.median(end - aggregated[i] for i, _, end in iterations)}
+
+
+def measured_phases(run: dict, warmup: int) -> dict:
+    """The timed iterations' two phases as the data holder saw them (medians): its microbatches, from the
+    first forward to the last gradient (the iteration event's ``seconds``), and the rest of the period
+    (the relays' aggregation and steps, until the next iteration's close minus its span)."""
+    ends, spans = run["iteration_ended_s"], run["iteration_seconds"]
+    timed = range(warmup + 1, len(ends))
+    return {"microbatch_phase_s": statistics.median(spans[i] for i in timed),
+            "aggregation_phase_s": statistics.median(ends[i] - ends[i - 1] - spans[i] for i in timed)}
+
+
+def host_cpu(run: dict, predicted: dict) -> dict | None:
+    """How busy the host's cores were over the timed iterations (runs that saved ``cpu``): the share of
+    their time busy, the CPU seconds per iteration the host and the daemons used, the least period those
+    alone allow (busy seconds over the cores), and the compute the simulator is given per iteration (each
+    of the 4 microbatches' measured forward + backward at the data holder and one relay per stage: wall
+    time of the compute threads, waits for a core included)."""
+    cpu = run.get("cpu")
+    if not cpu or cpu.get("iterations", 0) <= 0:
+        return None
+    iterations = cpu["iterations"]
+    daemons_s = sum(cpu["node_cpu_s"].values()) / iterations
+    busy_s = cpu["host_busy_s"] / iterations
+    return {"utilization": cpu["host_utilization"], "cores": cpu["cores"], "host_busy_s_per_iteration": busy_s,
+            "daemons_cpu_s_per_iteration": daemons_s, "cpu_floor_s": busy_s / cpu["cores"],
+            "simulated_compute_s_per_iteration": 4 * sum(predicted["stage_compute_s"])}
 
 
 def measured_period_tokens_per_s(run: dict, warmup: int, tokens: int) -> float:
@@ -126,7 +155,9 @@ def compare(swarm: dict, latency_s: float) -> list[dict]:
                    "measured_iteration_s": run["iteration_s"],
                    "measured_period_tokens_per_s": measured_period_tokens_per_s(run, setup["warmup"], tokens),
                    "compute_ms": run["compute_ms"], "predicted": predict(scenario, setup["warmup"]),
+                   "measured_phases": measured_phases(run, setup["warmup"]),
                    "payload_share": share, "predicted_payload_rate": None}
+            row["host_cpu"] = host_cpu(run, row["predicted"])
             if share is not None:  # the uplink at the rate the payload really gets
                 rated = scenario_for(run, result["rate_mbit"] * share, setup["iterations"], latency_s)
                 row["predicted_payload_rate"] = predict(rated, setup["warmup"])
@@ -152,6 +183,20 @@ def report(rows: list[dict]) -> None:
             if rated is not None:
                 print(f"{'':>18}payload {100 * r['payload_share']:.1f} % of the links' bytes: at the cap times that, "
                       f"predicted {rated['tokens_per_s']:.0f} tokens/s, {rated['tokens_per_s'] / pace:.2f}x the pace")
+            phases(r)
+
+
+def phases(r: dict) -> None:
+    """One row's phases, measured and predicted, and how busy the host was."""
+    m, p = r["measured_phases"], r["predicted_payload_rate"] or r["predicted"]
+    print(f"{'':>18}microbatches {m['microbatch_phase_s']:.2f} s, predicted {p['microbatch_phase_s']:.2f}; "
+          f"aggregation and step {m['aggregation_phase_s']:.2f} s, predicted {p['aggregation_phase_s']:.2f}")
+    cpu = r["host_cpu"]
+    if cpu is not None:
+        print(f"{'':>18}host CPU busy {100 * cpu['utilization']:.0f} %: {cpu['host_busy_s_per_iteration']:.2f} CPU s "
+              f"an iteration (daemons {cpu['daemons_cpu_s_per_iteration']:.2f}; the simulator's compute "
+              f"{cpu['simulated_compute_s_per_iteration']:.2f} s), at least {cpu['cpu_floor_s']:.2f} s on "
+              f"{cpu['cores']} cores")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -189,6 +234,37 @@ def plot(rows: list[dict], path: Path) -> None:
     print(f"plot: {path}")
 
 
+def plot_phases(rows: list[dict], path: Path) -> None:
+    """Per rate: each codec's iteration split into its microbatches and its aggregation and step, measured
+    beside predicted (at the cap x payload share where the run has it), stacked bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = sorted({r["rate_mbit"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(rates), figsize=(4.4 * len(rates), 3.6), squeeze=False)
+    for ax, rate in zip(axes[0], rates, strict=True):
+        at_rate = [r for r in rows if r["rate_mbit"] == rate]
+        for i, r in enumerate(at_rate):
+            predicted = r["predicted_payload_rate"] or r["predicted"]
+            for dx, phases, label in ((-0.2, r["measured_phases"], "measured"), (0.2, predicted, "predicted")):
+                mb, agg = phases["microbatch_phase_s"], phases["aggregation_phase_s"]
+                color = "tab:blue" if label == "measured" else "tab:green"
+                ax.bar(i + dx, mb, 0.38, color=color, label=f"{label}: microbatches" if i == 0 else None)
+                ax.bar(i + dx, agg, 0.38, bottom=mb, color=color, alpha=0.45, hatch="//",
+                       label=f"{label}: aggregation and step" if i == 0 else None)
+        ax.set_xticks(range(len(at_rate)), [r["codec"] for r in at_rate])
+        ax.set_title(f"uplinks capped at {rate:g} Mbit/s", fontsize=9)
+        ax.set_ylabel("seconds per iteration (median)")
+        ax.legend(fontsize=7)
+    fig.suptitle("An iteration's two phases, measured and simulated\n(simulator at the cap x payload share)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--swarm", type=Path, default=ROOT / "docs" / "data" / "bench_bandwidth-compute.json",
@@ -207,6 +283,7 @@ def main() -> None:
                                     "rows": rows}, indent=1))
     print(f"wrote {args.out}")
     plot(rows, args.plot)
+    plot_phases(rows, args.plot.with_name(f"{args.plot.stem}-phases{args.plot.suffix}"))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ class Iterations:
     # -- aggregation -----------------------------------------------------------------------
     def _aggregate(self) -> None:
         self.aggregating = True
+        self.sim.metrics.on_aggregation(self.iteration, self.engine.now)
         for stage in range(self.n_stages + 1):
             self.reductions.start(stage)
 

@@ -1,10 +1,11 @@
 """Run metrics: what happened during one simulated run, and its summary.
 
-Recorded: completion time and realized path cost of every microbatch, iteration spans, crashes
-(with what the node was doing and the compute lost with it) and joins. The summary reports time
-to train the target number of microbatches, throughput, iteration times, GPU time wasted (compute
-discarded by crashes: lost gradients and activations, partial tasks, stale results), the relays'
-idle fraction and the mean path cost. Owns no behaviour of the simulation.
+Recorded: completion time and realized path cost of every microbatch, iteration spans and when
+each one's aggregation began, crashes (with what the node was doing and the compute lost with it)
+and joins. The summary reports time to train the target number of microbatches, throughput,
+iteration times, GPU time wasted (compute discarded by crashes: lost gradients and activations,
+partial tasks, stale results), the relays' idle fraction and the mean path cost. Owns no
+behaviour of the simulation.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Metrics:
         self.completions: list[float] = []
         self.path_costs: list[float] = []
         self.iterations: list[tuple[int, float, float]] = []
+        self.aggregations: dict[int, float] = {}  # iteration -> when its last microbatch came back
         self.stage_steps: list[tuple[int, float, float]] = []  # SWARM: (stage, previous step, this step)
         self.crashes: list[tuple[float, str, str, float]] = []  # time, node, phase, compute lost
         self.joins: list[tuple[float, str, int]] = []
@@ -79,6 +81,10 @@ class Metrics:
 
     def on_crash(self, now: float, node_id: str, phase: str, lost_s: float) -> None:
         self.crashes.append((now, node_id, phase, lost_s))
+
+    def on_aggregation(self, index: int, now: float) -> None:
+        """Iteration ``index``'s microbatches are all back: its aggregation starts."""
+        self.aggregations[index] = now
 
     def on_iteration(self, index: int, start_s: float, end_s: float) -> None:
         self.iterations.append((index, start_s, end_s))

@@ -90,3 +90,15 @@ def test_a_link_bound_lab_swarm_runs_at_its_uplinks_pace():
         times[codec] = result.summary.median_iteration_s
     assert times["none"] >= (8 * 2**20 + 4_758_528) / (10 * MBIT)
     assert 3.88 < times["none"] / times["blockwise8"] < 7.76
+
+
+def test_each_iterations_aggregation_begins_inside_it_after_its_microbatches():
+    """``Metrics.aggregations``: when an iteration's last microbatch came back. At 10 Mbit/s the relays'
+    all-reduce (each uploads its 4.76 MB of int64 sums to its stage peer) takes at least its upload."""
+    sim = Simulation(lab_scenario(), seed=0, router="gwtf")
+    sim.run()
+    assert sim.metrics.iterations
+    for index, start, end in sim.metrics.iterations:
+        began = sim.metrics.aggregations[index]
+        assert start < began < end
+        assert end - began >= 4_758_528 / 2 / (10 * MBIT)  # a butterfly: half the sums each way at least
