@@ -48,7 +48,8 @@ class Augmenter:
         if (not c.params.augment or not c.is_data_holder or c.now < self.next_walk or c.pending is not None
                 or c.held_back):
             return
-        if not self.residual.augmentable() or self.growth.best_next(c.node_id) is not None:
+        if (not self.residual.augmentable() or not self.residual.own_label_settled(c.params.walk_settle_ticks)
+                or self.growth.best_next(c.node_id) is not None):
             return
         self.next_walk = c.now + augment_period_ticks(c)
         self._forward(c.node_id, hop_limit(c.n_stages), None, pure=False)

@@ -83,6 +83,8 @@ class ResidualDistances:
         self.wants: dict[str, Want] = {}
         self._wants_seen: dict[str, tuple[Notice, int]] = {}  # holder -> (its notice, our tick when it advanced)
         self._own_want: Want | None = None
+        self._own_label: int | None = None  # a data holder's own walk label, and our tick since it has had it
+        self._own_label_since = 0
         self.last_sent: tuple | None = None
         self.pacing = Pacing(core.params.residual_period_ticks)
 
@@ -98,6 +100,9 @@ class ResidualDistances:
                                                           for kind in KINDS)
         else:
             (self.ins, self.outs), (self.xins, self.xouts) = distances(c), distances(c, cross=True)
+        own_label = self.xouts.get(c.node_id) if c.is_data_holder else None
+        if own_label != self._own_label:
+            self._own_label, self._own_label_since = own_label, c.now
         self.blocked = self._blocked()
         c.flow_first = bool(self.blocked)
         self.wants = self._wants()
@@ -136,8 +141,8 @@ class ResidualDistances:
         for ``flag_ttl_ticks``, so a holder's flag ends everywhere soon after the holder stops raising it."""
         c = self.core
         limit = hop_limit(c.n_stages)
-        if (c.is_data_holder and c.params.augment and c.demand() > 0 and c.node_id in self.xouts
-                and not c.has_spare_path()):
+        if (c.is_data_holder and c.params.augment and c.demand() > 0
+                and self.own_label_settled(c.params.flag_settle_ticks) and not c.has_spare_path()):
             self._seen[c.node_id] = ((c.now, 0), c.now)
         offers = ((sink, (stamp, hops + 1)) for neighbour in (*c.prev_neighbours(), *c.next_neighbours())
                   for sink, stamp, hops in neighbour.res_blocked
@@ -193,6 +198,11 @@ class ResidualDistances:
         neighbour.res_paths = {(kind, sink): path for kind, sink, path in msg.paths}
         neighbour.res_blocked = msg.blocked
         neighbour.res_wants = msg.wants
+
+    def own_label_settled(self, ticks: int) -> bool:
+        """A data holder's own walk label is finite and has kept its value ``ticks`` ticks."""
+        c = self.core
+        return self._own_label is not None and c.node_id in self.xouts and c.now - self._own_label_since >= ticks
 
     def augmentable(self, cross: bool = True) -> bool:
         """A data holder with demand that could route one unit more by moving its own units (``cross``:

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gwtfp2p.config import FlowParams
+from gwtfp2p.flow.augment import augment_period_ticks
 from gwtfp2p.flow.bus import MessageBus
 from gwtfp2p.flow.generate import generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec
@@ -48,6 +49,43 @@ def test_without_steps_the_blocked_holder_stays_blocked() -> None:
     bus.run(max_ticks=600)
     assert sorted(bus.routing()) == [("g", "x", "g")]
     assert bus.nodes["h"].residual.augmentable()  # it could: the labels see the step no one takes
+
+
+def first_walk(bus: MessageBus, holder: str, ticks: int = 600) -> tuple[int, int]:
+    """(the tick ``holder`` first walked, the tick since which its walk label then had its value)."""
+    node = bus.nodes[holder]
+    for _ in range(ticks):
+        bus.step()
+        if node.augmenter.next_walk:
+            return node.augmenter.next_walk - augment_period_ticks(node.core), node.residual._own_label_since
+    raise AssertionError(f"{holder} never walked")
+
+
+@pytest.mark.parametrize("settle", [0, 30])
+def test_a_holder_walks_only_once_its_label_has_settled(settle: int) -> None:
+    bus = shared_relay(FlowParams(walk_settle_ticks=settle))
+    walked, since = first_walk(bus, "h")
+    assert walked - since >= settle
+    if settle == 0:
+        assert walked - since <= 2  # at once (labels are recomputed every residual period)
+    bus.run(max_ticks=600)
+    assert sorted(bus.routing()) == [("g", "y", "g"), ("h", "x", "h")] and bus.violations == []
+
+
+@pytest.mark.parametrize("settle", [0, 30])
+def test_a_holder_flags_itself_only_once_its_label_has_settled(settle: int) -> None:
+    """h's flag goes up at once by default; held for 30 ticks it never does here: h's walk (not held) has
+    its step taken sooner, and h routes."""
+    bus = shared_relay(FlowParams(flag_settle_ticks=settle))
+    residual = bus.nodes["h"].residual
+    flagged = []
+    for _ in range(600):
+        bus.step()
+        if "h" in residual.blocked and residual._seen["h"][1] == bus.now:  # raised by h on this tick
+            flagged.append(bus.now - residual._own_label_since)
+    assert all(age >= settle for age in flagged)
+    assert (flagged and flagged[0] <= 2) if settle == 0 else not flagged
+    assert sorted(bus.routing()) == [("g", "y", "g"), ("h", "x", "h")] and bus.violations == []
 
 
 def three_holders(params: FlowParams) -> MessageBus:
