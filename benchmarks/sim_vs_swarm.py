@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt2-small"
 STAGES = {"dh": 0, "r1a": 1, "r1b": 1, "r2a": 2, "r2b": 2}  # bench_bandwidth's nodes and their stages
 RELAY_CAPACITY = 2
+MICROBATCHES = 4  # bench_bandwidth's microbatches per iteration (one data holder)
 TICK_S = 0.25  # the daemons' --tick-s (localswarm FAST)
 
 
@@ -42,7 +43,7 @@ def check_setup(swarm: dict) -> None:
     """Refuse a run whose model or swarm shape the simulated one does not match."""
     setup, spec, model = swarm["setup"], swarm["spec"], MODELS[MODEL]
     want = {"model_family": "gpt2", "model_preset": "small", "n_stages": 2, "microbatch_size": model.microbatch,
-            "seq_len": model.seq_len, "microbatches_per_dh": 4}
+            "seq_len": model.seq_len, "microbatches_per_dh": MICROBATCHES}
     wrong = {k: spec.get(k) for k, v in want.items() if spec.get(k) != v}
     if wrong:
         raise SystemExit(f"--swarm: the simulator's {MODEL} is {want}; this run has {wrong}")
@@ -70,9 +71,10 @@ def scenario_for(run: dict, uplink_mbit: float, iterations: int, latency_s: floa
     compute = stage_compute_s(run)
     return Scenario(
         name=f"lab-{uplink_mbit:.1f}mbit-{run['codec']}", model=MODEL, n_stages=2, relays_per_stage=2,
-        data_holders=1, microbatches_per_dh=4, codec=run["codec"], max_slots=RELAY_CAPACITY, flow_tick_s=TICK_S,
+        data_holders=1, microbatches_per_dh=MICROBATCHES, codec=run["codec"], max_slots=RELAY_CAPACITY,
+        flow_tick_s=TICK_S,
         network=NetworkSpec("lab", uniform_latency_s=latency_s, lab_uplink_mbit=uplink_mbit),
-        target_microbatches=4 * iterations, horizon_s=24 * 3600.0, stage_compute_s=compute,
+        target_microbatches=MICROBATCHES * iterations, horizon_s=24 * 3600.0, stage_compute_s=compute,
         description="benchmarks/bench_bandwidth.py's swarm: measured compute, uplinks capped at the measured rate")
 
 
@@ -92,14 +94,19 @@ def predict(scenario: Scenario, warmup: int) -> dict:
             "aggregation_phase_s": statistics.median(end - aggregated[i] for i, _, end in iterations)}
 
 
-def measured_phases(run: dict, warmup: int) -> dict:
-    """The timed iterations' two phases as the data holder saw them (medians): its microbatches, from the
-    first forward to the last gradient (the iteration event's ``seconds``), and the rest of the period
-    (the relays' aggregation and steps, until the next iteration's close minus its span)."""
+def timed_periods(run: dict, warmup: int) -> list[tuple[float, float]]:
+    """``(period, span)`` of each timed iteration after the first: the time from the previous iteration's
+    end to its own, and its own span (the data holder's first forward to its last gradient)."""
     ends, spans = run["iteration_ended_s"], run["iteration_seconds"]
-    timed = range(warmup + 1, len(ends))
-    return {"microbatch_phase_s": statistics.median(spans[i] for i in timed),
-            "aggregation_phase_s": statistics.median(ends[i] - ends[i - 1] - spans[i] for i in timed)}
+    return [(ends[i] - ends[i - 1], spans[i]) for i in range(warmup + 1, len(ends))]
+
+
+def measured_phases(run: dict, warmup: int) -> dict:
+    """The timed iterations' two phases as the data holder saw them (medians): its microbatches (the
+    iteration event's ``seconds``) and the rest of the period (the relays' aggregation and steps)."""
+    periods = timed_periods(run, warmup)
+    return {"microbatch_phase_s": statistics.median(span for _, span in periods),
+            "aggregation_phase_s": statistics.median(period - span for period, span in periods)}
 
 
 def host_cpu(run: dict, predicted: dict) -> dict | None:
@@ -116,7 +123,7 @@ def host_cpu(run: dict, predicted: dict) -> dict | None:
     busy_s = cpu["host_busy_s"] / iterations
     return {"utilization": cpu["host_utilization"], "cores": cpu["cores"], "host_busy_s_per_iteration": busy_s,
             "daemons_cpu_s_per_iteration": daemons_s, "cpu_floor_s": busy_s / cpu["cores"],
-            "simulated_compute_s_per_iteration": 4 * sum(predicted["stage_compute_s"])}
+            "simulated_compute_s_per_iteration": MICROBATCHES * sum(predicted["stage_compute_s"])}
 
 
 def measured_period_tokens_per_s(run: dict, warmup: int, tokens: int) -> float:
@@ -124,9 +131,7 @@ def measured_period_tokens_per_s(run: dict, warmup: int, tokens: int) -> float:
     the relays' aggregation and step included (the daemon's own tokens/s counts an iteration from its
     first forward to its last gradient, without them). The simulator's iterations follow each other
     back to back, so its median iteration is its pace."""
-    ends = run["iteration_ended_s"]
-    gaps = [b - a for a, b in zip(ends[warmup:], ends[warmup + 1:], strict=False)]
-    return tokens / statistics.median(gaps)
+    return tokens / statistics.median(period for period, _ in timed_periods(run, warmup))
 
 
 def payload_share(run: dict) -> float | None:
@@ -144,7 +149,7 @@ def payload_share(run: dict) -> float | None:
 
 def compare(swarm: dict, latency_s: float) -> list[dict]:
     setup = swarm["setup"]
-    tokens = 4 * MODELS[MODEL].tokens
+    tokens = MICROBATCHES * MODELS[MODEL].tokens
     rows = []
     for result in swarm["results"]:
         for run in result["runs"]:
@@ -211,16 +216,15 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, rate in zip(axes[0], rates, strict=True):
         at_rate = [r for r in rows if r["rate_mbit"] == rate]
         x = range(len(at_rate))
-        rated = all(r.get("predicted_payload_rate") for r in at_rate)
-        width = 0.27 if rated else 0.4
-        ax.bar([i - width for i in x] if rated else [i - 0.2 for i in x],
-               [r["measured_period_tokens_per_s"] for r in at_rate], width, label="measured swarm (pace)",
-               color="tab:blue")
-        ax.bar(list(x) if rated else [i + 0.2 for i in x], [r["predicted"]["tokens_per_s"] for r in at_rate], width,
-               label="simulator, uplink = raw TCP rate", color="tab:orange")
-        if rated:
-            ax.bar([i + width for i in x], [r["predicted_payload_rate"]["tokens_per_s"] for r in at_rate], width,
-                   label="simulator, uplink = cap x payload share", color="tab:green")
+        series = [([r["measured_period_tokens_per_s"] for r in at_rate], "measured swarm (pace)", "tab:blue"),
+                  ([r["predicted"]["tokens_per_s"] for r in at_rate], "simulator, uplink = raw TCP rate", "tab:orange")]
+        if all(r.get("predicted_payload_rate") for r in at_rate):
+            series.append(([r["predicted_payload_rate"]["tokens_per_s"] for r in at_rate],
+                           "simulator, uplink = cap x payload share", "tab:green"))
+        width = 0.4 if len(series) == 2 else 0.27
+        for k, (values, label, color) in enumerate(series):
+            offset = (k - (len(series) - 1) / 2) * width
+            ax.bar([i + offset for i in x], values, width, label=label, color=color)
         ax.set_xticks(list(x), [r["codec"] for r in at_rate])
         ax.set_title(f"uplinks capped at {rate:g} Mbit/s", fontsize=9)
         ax.set_ylabel("tokens/s")

@@ -200,9 +200,10 @@ class ResidualDistances:
         neighbour.res_wants = msg.wants
 
     def own_label_settled(self, ticks: int) -> bool:
-        """A data holder's own walk label is finite and has kept its value ``ticks`` ticks."""
+        """A data holder's own walk label (recomputed with the others) is finite and has kept its value
+        ``ticks`` ticks."""
         c = self.core
-        return self._own_label is not None and c.node_id in self.xouts and c.now - self._own_label_since >= ticks
+        return self._own_label is not None and c.now - self._own_label_since >= ticks
 
     def augmentable(self, cross: bool = True) -> bool:
         """A data holder with demand that could route one unit more by moving its own units (``cross``:
