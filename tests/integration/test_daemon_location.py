@@ -47,9 +47,9 @@ def test_routing_prefers_cheap_replicas_near_oracle(tmp_path: Path) -> None:
                 break
             start = last
         flow = summary["flow"]
-        assert flow["units"] == flow["oracle_units"] == 4, flow
-        assert flow["cost_s"] <= 1.1 * flow["oracle_cost_s"], flow
-        by_peer = {d.peer_id: name for name, d in relays.items()}
+        by_peer = {d.peer_id: name for name, d in relays.items()} | {dh.peer_id: "dh0"}
+        assert flow["units"] == flow["oracle_units"] == 4, routes_by_name(summary, by_peer)
+        assert flow["cost_s"] <= 1.1 * flow["oracle_cost_s"], routes_by_name(summary, by_peer)
         carried = Counter()
         for route in summary["routing"]:
             if route["to"] in by_peer:
@@ -60,3 +60,13 @@ def test_routing_prefers_cheap_replicas_near_oracle(tmp_path: Path) -> None:
         assert processed["london"] > processed["sydney"] and processed["ireland"] > processed["tokyo"], processed
     finally:
         swarm.close()
+
+
+def routes_by_name(summary: dict, names: dict[str, str]) -> str:
+    """What a failure shows, on one line: the flow, each route (from->to, units, edge cost) and how old each
+    node's record was when ``gwtf status`` read it."""
+    now = time.time()
+    routes = [f"{names.get(r['from'], r['from'])}->{names.get(r['to'], r['to'])} x{r['units']} cost "
+              f"{'unmeasured' if r['cost_s'] is None else round(r['cost_s'], 3)}" for r in summary["routing"]]
+    ages = {names.get(n["peer_id"], n["peer_id"]): round(now - n["updated_at"], 1) for n in summary["nodes"]}
+    return json.dumps({"flow": summary["flow"], "routes": routes, "record_age_s": ages})
