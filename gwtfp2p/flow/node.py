@@ -283,3 +283,25 @@ class FlowNode:
         if not c.is_data_holder:
             return 0
         return len(c.routed_outs())
+
+    def unit_states(self) -> list[str]:
+        """This node's units, one short line each (what a log shows of its flow): ``in EDGE from PREV eEPOCH ->
+        OUT``, ``out EDGE to NEXT eEPOCH FLAGS`` (C confirmed, K complete, B building a re-route, its in-unit
+        after ``for``) and ``moved EDGE to HOLDER eEPOCH`` (a tombstone); peers by their last 6 characters."""
+        c = self.core
+        lines = [f"in {_short(u.edge_id)} from {_short(u.prev)} e{u.epoch} -> {_short(u.out_id)}"
+                 for u in sorted(c.ins.values(), key=lambda u: u.edge_id)]
+        for o in sorted(c.outs.values(), key=lambda o: o.edge_id):
+            flags = "".join(f for f, on in (("C", o.confirmed), ("K", o.complete), ("B", o.building)) if on)
+            lines.append(f"out {_short(o.edge_id)} to {_short(o.next)} e{o.epoch} {flags or '-'}"
+                         + (f" for {_short(o.shadow_of)}" if o.shadow_of else ""))
+        lines += [f"moved {_short(e)} to {_short(t.holder)} e{t.epoch}" for e, t in sorted(c.tombstones.items())]
+        return lines
+
+
+def _short(name: str | None) -> str:
+    """A peer id by its last 6 characters; an edge id (``PEER#n``) as ``SHORT#n``; None as ``-``."""
+    if name is None:
+        return "-"
+    peer, sep, n = name.partition("#")
+    return f"{peer[-6:]}{sep}{n}"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gwtfp2p.config import RunSpec
+from gwtfp2p.localswarm.processes import FAST, Daemon
 from tests.integration.swarm import Swarm
 from tests.integration.test_daemon_parity import write_spec
 from tests.integration.test_daemon_placement import gwtf_status
@@ -26,7 +27,7 @@ SCALE = "0.5"
 def test_routing_prefers_cheap_replicas_near_oracle(tmp_path: Path) -> None:
     spec = RunSpec(model_family="gpt2", model_preset="tiny", n_stages=2, seed=5, microbatch_size=2, seq_len=16,
                    microbatches_per_dh=4)
-    swarm = Swarm(tmp_path)
+    swarm = Swarm(tmp_path, common=(*FAST, "--log-level", "INFO"))  # INFO: each node's flow units, for a failure
     try:
         dh = swarm.start_data_holder("dh0", "--run-spec", write_spec(spec, tmp_path / "spec.json"),
                                      "--location", "Frankfurt", "--link-scale", SCALE, "--min-nodes", "5")
@@ -47,9 +48,10 @@ def test_routing_prefers_cheap_replicas_near_oracle(tmp_path: Path) -> None:
                 break
             start = last
         flow = summary["flow"]
-        by_peer = {d.peer_id: name for name, d in relays.items()} | {dh.peer_id: "dh0"}
-        assert flow["units"] == flow["oracle_units"] == 4, routes_by_name(summary, by_peer)
-        assert flow["cost_s"] <= 1.1 * flow["oracle_cost_s"], routes_by_name(summary, by_peer)
+        by_peer = {d.peer_id: name for name, d in relays.items()}
+        daemons = relays | {"dh0": dh}
+        assert flow["units"] == flow["oracle_units"] == 4, routes_by_name(summary, daemons)
+        assert flow["cost_s"] <= 1.1 * flow["oracle_cost_s"], routes_by_name(summary, daemons)
         carried = Counter()
         for route in summary["routing"]:
             if route["to"] in by_peer:
@@ -62,11 +64,25 @@ def test_routing_prefers_cheap_replicas_near_oracle(tmp_path: Path) -> None:
         swarm.close()
 
 
-def routes_by_name(summary: dict, names: dict[str, str]) -> str:
-    """What a failure shows, on one line: the flow, each route (from->to, units, edge cost) and how old each
-    node's record was when ``gwtf status`` read it."""
+def routes_by_name(summary: dict, daemons: dict[str, Daemon]) -> str:
+    """What a failure shows, on one line: the flow, each route (from->to, units, edge cost), how old each
+    node's record was when ``gwtf status`` read it, and each node's flow units as it last logged them."""
     now = time.time()
+    names = {d.peer_id: name for name, d in daemons.items()}
     routes = [f"{names.get(r['from'], r['from'])}->{names.get(r['to'], r['to'])} x{r['units']} cost "
               f"{'unmeasured' if r['cost_s'] is None else round(r['cost_s'], 3)}" for r in summary["routing"]]
     ages = {names.get(n["peer_id"], n["peer_id"]): round(now - n["updated_at"], 1) for n in summary["nodes"]}
-    return json.dumps({"flow": summary["flow"], "routes": routes, "record_age_s": ages})
+    return json.dumps({"flow": summary["flow"], "routes": routes, "record_age_s": ages,
+                       "units": {name: last_units(d, names) for name, d in daemons.items()}})
+
+
+def last_units(daemon: Daemon, names: dict[str, str]) -> str:
+    """The daemon's last ``flow units`` log line, its peers named (``routing.py`` logs them by their last 6
+    characters)."""
+    lines = [line for line in daemon.stderr_path.read_text(errors="replace").splitlines() if "flow units at" in line]
+    if not lines:
+        return "none logged"
+    text = lines[-1].split("flow units ", 1)[1]
+    for peer, name in names.items():
+        text = text.replace(peer[-6:], name)
+    return text

@@ -35,7 +35,7 @@ from gwtfp2p.daemon.wire import WireError
 from gwtfp2p.dht import NodeRecord
 from gwtfp2p.model.state import StateError
 from gwtfp2p.model.trainable import Trainable
-from gwtfp2p.transport import Transport, TransportError
+from gwtfp2p.transport import RemoteError, Transport, TransportError
 
 logger = logging.getLogger(__name__)
 ATTEMPTS = 4
@@ -141,19 +141,24 @@ class Joiner:
         """Replay the steps a replica took since ``from_iteration`` (each checked against its state
         hash); with ``until``, up to it (excluded), polling for the last ones while the stage takes
         them (at most ``wait_s``, by default ``Timings.reserved_wait_s``: the replicas wait for us at
-        ``until``). The new iteration, or None if no replica had the steps (then: download again)."""
-        caught = await self._replay_kept(from_iteration, until)
+        ``until``). The new iteration, or None if no replica had the steps (then: download again).
+        A replica that answered it keeps no steps of this stage is not asked again in this catch-up (a
+        record can claim the stage far ahead of it and serve nothing: polled, it would be asked first at
+        every poll)."""
+        unavailable: set[str] = set()
+        caught = await self._replay_kept(from_iteration, until, unavailable)
         deadline = time.monotonic() + (self.timings.reserved_wait_s if wait_s is None else wait_s)
         while until is not None and caught is not None and caught < until and time.monotonic() < deadline:
             await asyncio.sleep(self.timings.step_poll_s)
-            caught = await self._replay_kept(caught, until)
+            caught = await self._replay_kept(caught, until, unavailable)
         return caught
 
-    async def _replay_kept(self, from_iteration: int, until: int | None) -> int | None:
+    async def _replay_kept(self, from_iteration: int, until: int | None, unavailable: set[str]) -> int | None:
         """One pass: the steps the most advanced replica that has them all kept since ``from_iteration``
         (up to ``until``, excluded), replayed; the new iteration, or None (none had them, or a step did
-        not give its hash)."""
-        sources = sorted((r for r in self.view.by_stage(self.stage) if r.state == "online"),
+        not give its hash). Replicas in ``unavailable`` are skipped; one that answers ``unavailable`` joins it."""
+        sources = sorted((r for r in self.view.by_stage(self.stage)
+                          if r.state == "online" and r.peer_id not in unavailable),
                          key=lambda r: (-r.iteration, r.peer_id))
         for source in sources:
             started = time.monotonic()
@@ -165,6 +170,8 @@ class Joiner:
                 steps = steps if until is None else steps[:until - from_iteration]
                 await self.compute.run(self._replay, steps)
             except (TransportError, WireError) as e:
+                if isinstance(e, RemoteError) and e.kind == "unavailable":
+                    unavailable.add(source.peer_id)
                 logger.info("no replay of stage %d from %s: %s", self.stage, source.peer_id, e)
                 continue
             except StateError as e:  # a step did not give its hash: our state is unusable now

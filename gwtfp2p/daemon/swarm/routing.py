@@ -66,6 +66,7 @@ class FlowDriver:
         self._routes_version = -1
         self._routes: list[Route] = []
         self.messages_in = 0
+        self._logged_units: list[str] = []
 
     def subscribe_unreachable(self, listener: Callable[[str], None]) -> None:
         """``listener(peer)`` is called when flow messages to ``peer`` failed ``FAILURES_TO_LOSE`` times in a row."""
@@ -114,8 +115,18 @@ class FlowDriver:
         while not stop.is_set():
             self.now += 1
             self._dispatch(self.flow.on_tick(self.now))
+            self._log_units()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.tick_s)
+
+    def _log_units(self) -> None:
+        """At INFO, this node's units whenever one of them changed (edge, neighbour, epoch, flags)."""
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        units = self.flow.unit_states()
+        if units != self._logged_units:
+            self._logged_units = units
+            logger.info("flow units at tick %d: %s", self.now, "; ".join(units) or "none")
 
     def on_messages(self, sender: str, messages: list[Message]) -> None:
         """Messages from ``sender``; ones claiming another sender are dropped."""

@@ -86,3 +86,12 @@ def test_same_seed_same_result_and_different_seed_may_differ():
     runs = [MessageBus(inst, seed=4, network=NetworkModel(jitter_ticks=2, loss=0.05)).run(max_ticks=400)
             for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_unit_states_name_each_unit_its_neighbours_and_flags():
+    bus = MessageBus(two_stage_line(capacity_1=2), seed=1)
+    bus.run(max_ticks=300, quiet_ticks=40)
+    r1 = bus.nodes["r1"].unit_states()
+    assert len(r1) == 4 and all(line.startswith("in dh#") and " from dh e0 -> r1#" in line for line in r1[:2])
+    assert all(line.startswith("out r1#") and line.endswith(" to r2 e0 CK") for line in r1[2:]), r1
+    assert bus.nodes["dh"].unit_states()[-1].endswith(" to r1 e0 CK")
