@@ -71,6 +71,8 @@ class SoftState:
             if unit is None:
                 (moved if entry.edge_id in c.tombstones else push_back).append(entry.edge_id)
             elif entry.epoch >= unit.epoch:
+                if unit.prev != msg.sender:
+                    c.changed()  # a move upstream handed the unit's out-end to another node: prev changed
                 unit.prev, unit.epoch, unit.refreshed = msg.sender, entry.epoch, c.now
                 if abs(entry.up_cost - unit.up_cost) > COST_EPS:
                     unit.up_cost = entry.up_cost
@@ -95,6 +97,11 @@ class SoftState:
         edge = c.cost_to(sender)
         if edge is None:
             return
+        if out.next != sender or not out.confirmed:
+            # A move downstream (take-over, swap, exchange) handed the unit to ``sender``, whose Refresh may
+            # arrive before the giver's Moved: the next hop changed, so the routing did (routing_table(),
+            # and what caches it by routing_version: FlowDriver.routes() and the DHT record's summary).
+            c.changed()
         out.next, out.epoch, out.refreshed, out.confirmed = sender, epoch, c.now, True
         down = edge + remaining
         if abs(down - out.down_cost) > COST_EPS or complete != out.complete:

@@ -5,7 +5,8 @@ import random
 from gwtfp2p.flow.bus import MessageBus, NetworkModel
 from gwtfp2p.flow.generate import FamilyShape, generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
-from gwtfp2p.flow.messages import Advert, Request
+from gwtfp2p.flow.core import InUnit, OutUnit
+from gwtfp2p.flow.messages import Advert, BackwardEntry, ForwardEntry, Refresh, Request
 from gwtfp2p.flow.node import FlowNode
 
 
@@ -95,3 +96,23 @@ def test_unit_states_name_each_unit_its_neighbours_and_flags():
     assert len(r1) == 4 and all(line.startswith("in dh#") and " from dh e0 -> r1#" in line for line in r1[:2])
     assert all(line.startswith("out r1#") and line.endswith(" to r2 e0 CK") for line in r1[2:]), r1
     assert bus.nodes["dh"].unit_states()[-1].endswith(" to r1 e0 CK")
+
+
+def test_a_refresh_from_a_units_new_holder_moves_the_routing_version():
+    """A take-over downstream: the taker's Refresh reaches us before the giver's Moved, and the routing
+    table (and what caches it by routing_version, such as the daemon's published summary) follows it."""
+    node = FlowNode("r1", 1, 2, capacity=4)
+    for peer, stage, cost in (("dh", 0, 1.0), ("dh2", 0, 1.5), ("a", 2, 5.0), ("b", 2, 2.0)):
+        node.add_neighbour(peer, stage, cost, now=0)
+    c = node.core
+    c.ins["x#1"] = InUnit("x#1", "dh", "dh", 1.0, 0, 0, 0)
+    c.outs["r1#1"] = OutUnit("r1#1", "a", "dh", 0, 0, None, confirmed=True, complete=True, down_cost=6.0)
+    c.match("x#1", "r1#1")
+    version = node.routing_version
+    node.on_message(Refresh("b", backward=(BackwardEntry("r1#1", 1.0, True, 1),)), now=1)
+    assert node.routing_version > version
+    assert [(r.next, r.complete) for r in node.routing_table()] == [("b", True)]
+    version = node.routing_version
+    node.on_message(Refresh("dh2", forward=(ForwardEntry("x#1", "dh", 1.5, 1),)), now=2)
+    assert node.routing_version > version
+    assert [r.prev for r in node.routing_table()] == ["dh2"]
