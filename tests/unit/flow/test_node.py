@@ -3,9 +3,9 @@
 import random
 
 from gwtfp2p.flow.bus import MessageBus, NetworkModel
+from gwtfp2p.flow.core import InUnit, OutUnit
 from gwtfp2p.flow.generate import FamilyShape, generate
 from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
-from gwtfp2p.flow.core import InUnit, OutUnit
 from gwtfp2p.flow.messages import Advert, BackwardEntry, ForwardEntry, Refresh, Request
 from gwtfp2p.flow.node import FlowNode
 
