@@ -28,16 +28,14 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from gwtfp2p.ids import short_peer_id as short
+
 Event = dict[str, Any]
 PHASES = {"dht": "joining the DHT", "run spec": "finding the run", "transport": "starting the transport",
           "stage": "choosing a stage", "model": "building the model part", "data": "loading the data shard",
           "join": "joining the stage's replicas"}  # the node's start-up phases, in order (``startup`` events)
 RECENT_LINES = 6
 NEIGHBOUR_ROWS = 8
-
-
-def short(peer_id: str) -> str:
-    return "…" + peer_id[-6:] if len(peer_id) > 8 else peer_id
 
 
 def _num(value: Any, digits: int = 1) -> str:

@@ -22,11 +22,9 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from gwtfp2p.ids import short_peer_id as short
+
 DEFAULT_PORT = 8377
-
-
-def short(peer_id: str) -> str:
-    return "…" + peer_id[-6:] if len(peer_id) > 8 else peer_id
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:

@@ -13,6 +13,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gwtfp2p.ids import short_peer_id as short
+
 MAX_POINTS = 720  # points of the loss / tokens-per-second series kept (one per iteration seen)
 MAX_EVENTS = 100
 GONE_KEEP_S = 120.0  # how long a crashed node stays in the picture
@@ -25,10 +27,6 @@ class Event:
     text: str
     peer_id: str | None = None
     stage: int | None = None
-
-
-def short(peer_id: str) -> str:
-    return "…" + peer_id[-6:] if len(peer_id) > 8 else peer_id
 
 
 def _name(node: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gwtf_cli.web.history import short
+from gwtfp2p.ids import short_peer_id as short
 
 COLUMN_W = 200
 NODE_W = 140

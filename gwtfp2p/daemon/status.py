@@ -20,6 +20,7 @@ from gwtfp2p.daemon.swarm.instance import instance_from_records, routing_cost
 from gwtfp2p.dht import DHTTimeout, NodeRecord, SwarmDHT
 from gwtfp2p.flow.instance import FlowInstance
 from gwtfp2p.flow.oracle import solve
+from gwtfp2p.ids import short_peer_id
 
 RELAYED_MADDR_PART = "/p2p-circuit"  # a libp2p address reached through a relay (the node is behind a NAT)
 
@@ -144,13 +145,13 @@ def sync_problems(stages: list[dict[str, Any]]) -> list[str]:
         for peer, v in sorted(sync["replicas"].items()):
             if v["status"] == "diverged":
                 since = f" (still agreed at iteration {v['last_agreed']})" if v["last_agreed"] is not None else ""
-                lines.append(f"stage {k}: replica {_short(peer)} diverged from {_others(v['diverged_from'])} at "
+                lines.append(f"stage {k}: replica {short_peer_id(peer)} diverged from {_others(v['diverged_from'])} at "
                              f"iteration {v['iteration_diverged']}{since}: its hash {v['hash']}")
             elif v["status"] == "lagging":
-                lines.append(f"stage {k}: replica {_short(peer)} lags: last hash at iteration {v['iteration']}, "
+                lines.append(f"stage {k}: replica {short_peer_id(peer)} lags: last hash at iteration {v['iteration']}, "
                              f"{v['behind']} behind the stage, no iteration in common to compare")
             elif v["status"] == "unverified":
-                lines.append(f"stage {k}: replica {_short(peer)} at iteration {v['iteration']} shares no "
+                lines.append(f"stage {k}: replica {short_peer_id(peer)} at iteration {v['iteration']} shares no "
                              f"iteration with the other replicas: not verified")
     return lines
 
@@ -159,16 +160,12 @@ def _others(hashes: dict[str, str], listed: int = 3) -> str:
     """``…a, …b (hash h)``: the replicas grouped by the hash they have, a few named per group."""
     groups: dict[str, list[str]] = {}
     for peer, h in hashes.items():
-        groups.setdefault(h, []).append(_short(peer))
+        groups.setdefault(h, []).append(short_peer_id(peer))
     parts = []
     for h, peers in sorted(groups.items(), key=lambda g: -len(g[1])):
         more = f" and {len(peers) - listed} more" if len(peers) > listed else ""
         parts.append(f"{', '.join(peers[:listed])}{more} (hash {h})")
     return "; ".join(parts)
-
-
-def _short(peer_id: str) -> str:
-    return "…" + peer_id[-6:]
 
 
 # -- the summary ---------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from gwtfp2p.flow.moves import MoveExecutor, PendingMove
 from gwtfp2p.flow.reroute import Rerouter
 from gwtfp2p.flow.residual import ResidualDistances
 from gwtfp2p.flow.softstate import SoftState
+from gwtfp2p.ids import short_peer_id
 
 
 @dataclass(frozen=True)
@@ -287,21 +288,22 @@ class FlowNode:
     def unit_states(self) -> list[str]:
         """This node's units, one short line each (what a log shows of its flow): ``in EDGE from PREV eEPOCH ->
         OUT``, ``out EDGE to NEXT eEPOCH FLAGS`` (C confirmed, K complete, B building a re-route, its in-unit
-        after ``for``) and ``moved EDGE to HOLDER eEPOCH`` (a tombstone); peers by their last 6 characters."""
+        after ``for``) and ``moved EDGE to HOLDER eEPOCH`` (a tombstone); peers as ``short_peer_id`` shows them."""
         c = self.core
-        lines = [f"in {_short(u.edge_id)} from {_short(u.prev)} e{u.epoch} -> {_short(u.out_id)}"
+        lines = [f"in {_edge_or_peer(u.edge_id)} from {_edge_or_peer(u.prev)} e{u.epoch} -> {_edge_or_peer(u.out_id)}"
                  for u in sorted(c.ins.values(), key=lambda u: u.edge_id)]
         for o in sorted(c.outs.values(), key=lambda o: o.edge_id):
             flags = "".join(f for f, on in (("C", o.confirmed), ("K", o.complete), ("B", o.building)) if on)
-            lines.append(f"out {_short(o.edge_id)} to {_short(o.next)} e{o.epoch} {flags or '-'}"
-                         + (f" for {_short(o.shadow_of)}" if o.shadow_of else ""))
-        lines += [f"moved {_short(e)} to {_short(t.holder)} e{t.epoch}" for e, t in sorted(c.tombstones.items())]
+            lines.append(f"out {_edge_or_peer(o.edge_id)} to {_edge_or_peer(o.next)} e{o.epoch} {flags or '-'}"
+                         + (f" for {_edge_or_peer(o.shadow_of)}" if o.shadow_of else ""))
+        lines += [f"moved {_edge_or_peer(e)} to {_edge_or_peer(t.holder)} e{t.epoch}"
+                  for e, t in sorted(c.tombstones.items())]
         return lines
 
 
-def _short(name: str | None) -> str:
-    """A peer id by its last 6 characters; an edge id (``PEER#n``) as ``SHORT#n``; None as ``-``."""
+def _edge_or_peer(name: str | None) -> str:
+    """A peer as ``short_peer_id`` shows it; an edge id (``PEER#n``) as ``SHORT#n``; None as ``-``."""
     if name is None:
         return "-"
     peer, sep, n = name.partition("#")
-    return f"{peer[-6:]}{sep}{n}"
+    return f"{short_peer_id(peer)}{sep}{n}"

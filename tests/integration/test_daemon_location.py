@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gwtfp2p.config import RunSpec
+from gwtfp2p.ids import short_peer_id
 from gwtfp2p.localswarm.processes import FAST, Daemon
 from tests.integration.swarm import Swarm
 from tests.integration.test_daemon_parity import write_spec
@@ -77,12 +78,11 @@ def routes_by_name(summary: dict, daemons: dict[str, Daemon]) -> str:
 
 
 def last_units(daemon: Daemon, names: dict[str, str]) -> str:
-    """The daemon's last ``flow units`` log line, its peers named (``routing.py`` logs them by their last 6
-    characters)."""
+    """The daemon's last ``flow units`` log line, its peers named (``routing.py`` logs them by ``short_peer_id``)."""
     lines = [line for line in daemon.stderr_path.read_text(errors="replace").splitlines() if "flow units at" in line]
     if not lines:
         return "none logged"
     text = lines[-1].split("flow units ", 1)[1]
     for peer, name in names.items():
-        text = text.replace(peer[-6:], name)
+        text = text.replace(short_peer_id(peer), name)
     return text
