@@ -120,6 +120,11 @@ class MessageBus:
                 self.lost_signalled[other_id].add(node_id)
         self.lost_signalled.pop(node_id, None)
 
+    def measured(self, node_id: str, peer: str, cost_s: float) -> None:
+        """``node_id`` now measures its edge to ``peer`` at ``cost_s`` (as a daemon's probe re-costs it); what
+        the node sends about it goes out. The instance's true cost (``edge_costs``) is left as it is."""
+        self.send(node_id, self.nodes[node_id].set_edge_cost(peer, cost_s, self.now))
+
     # -- message flow ----------------------------------------------------------------------------
     def send(self, src: str, envelopes: list[Envelope]) -> None:
         """Every message a node sends passes here (a test or benchmark may override it to count or drop some)."""

@@ -57,7 +57,7 @@ def run(seed: int, settling: CostSettling) -> tuple[int, int]:
                     averages[(node_id, peer)] = average = (1 - LINK_ALPHA) * old + LINK_ALPHA * sample
                     cost = settled[node_id].offer(peer, average)
                     if cost is not None:
-                        bus.send(node_id, node.set_edge_cost(peer, cost, bus.now))
+                        bus.measured(node_id, peer, cost)
         bus.step()
         current = hops(bus)
         if current != last:

@@ -52,8 +52,8 @@ def test_the_table_cached_by_routing_version_is_the_current_one_at_every_tick(se
         if tick == LOCATED_AT_TICK:
             for a, b in EDGES:
                 bus.edge_costs[edge_key(a, b)] = geo_cost_s(a, b)
-                bus.send(a, bus.nodes[a].set_edge_cost(b, geo_cost_s(a, b), bus.now))
-                bus.send(b, bus.nodes[b].set_edge_cost(a, geo_cost_s(a, b), bus.now))
+                bus.measured(a, b, geo_cost_s(a, b))
+                bus.measured(b, a, geo_cost_s(a, b))
         bus.step()
         for name, node in bus.nodes.items():
             if cached[name][0] != node.routing_version:
