@@ -17,6 +17,8 @@ from hivemind.p2p import P2P, P2PDaemonError
 
 logger = logging.getLogger(__name__)
 
+REGISTER_RETRY_S = 0.1  # p2pd frees a closed connection's handlers a moment after it notices the close
+
 
 class ControlLinkError(RuntimeError):
     """The control connection could not be reopened (p2pd gone or refusing)."""
@@ -31,10 +33,18 @@ class ControlLink:
 
     def __init__(self, p2p: P2P) -> None:
         self._control: Any = p2p._client.control  # hivemind keeps it private; only this module reaches in
+        self._unregistered: dict[str, Any] = {}  # handlers of a reopened connection p2pd has not taken yet
         self.reopened = 0
 
     def broken(self) -> str | None:
-        """Why the connection is unusable (a task of it has ended), or None while it works."""
+        """Why the connection is unusable (a task of it has ended, or p2pd has not taken our handlers on
+        the reopened one), or None while it works."""
+        reason = self._connection_broken()
+        if reason is None and self._unregistered:
+            return f"the handlers {sorted(self._unregistered)} are not registered on p2pd again"
+        return reason
+
+    def _connection_broken(self) -> str | None:
         for role, name in (("reader", "_read_task"), ("writer", "_write_task")):
             task: asyncio.Task | None = getattr(self._control, name, None)
             if task is None:
@@ -43,6 +53,14 @@ class ControlLink:
                 error = "cancelled" if task.cancelled() else repr(task.exception())
                 return f"its {role} task ended ({error})"
         return None
+
+    async def repair(self, timeout_s: float) -> None:
+        """Reopen a broken connection; on a working one, register what p2pd refused last time."""
+        if self._connection_broken() is not None:
+            await self.reopen(timeout_s)
+            return
+        await self._register_all(timeout_s)
+        self.reopened += 1
 
     async def reopen(self, timeout_s: float) -> None:
         """Open a new connection, then close the old one (p2pd drops the old one's handlers; a p2pd
@@ -66,28 +84,42 @@ class ControlLink:
         for task in list(control._handler_tasks.values()):
             task.cancel()
         control._handler_tasks.clear()
-        for proto, handler in list(control.unary_handlers.items()):
-            await self._register_again(proto, handler, timeout_s)
+        self._unregistered.update(control.unary_handlers)
+        await self._register_all(timeout_s)
         self.reopened += 1
 
-    async def _register_again(self, proto: str, handler: Any, timeout_s: float) -> None:
-        """p2pd keeps a handler of a closed connection: remove it, then add it on the new connection."""
-        control = self._control
-        try:
-            await asyncio.wait_for(control.remove_unary_handler(proto), timeout_s)
-        except P2PDaemonError:  # p2pd had dropped it already
-            control.unary_handlers.pop(proto, None)
-        except (asyncio.TimeoutError, OSError) as e:
-            raise ControlLinkError(f"removing the stale handler {proto} from p2pd failed: {e!r}") from e
-        try:
-            await asyncio.wait_for(control.add_unary_handler(proto, handler), timeout_s)
-        except (asyncio.TimeoutError, OSError, P2PDaemonError) as e:
-            control.unary_handlers.setdefault(proto, handler)
-            raise ControlLinkError(f"registering the handler {proto} again on p2pd failed: {e!r}") from e
+    async def _register_all(self, timeout_s: float) -> None:
+        """Register every handler p2pd has not taken yet; one it still refuses at ``timeout_s`` stays
+        listed (``broken`` says so, and the watch tries again)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        for proto, handler in sorted(self._unregistered.items()):
+            await self._register_again(proto, handler, deadline)
+            del self._unregistered[proto]
+
+    async def _register_again(self, proto: str, handler: Any, deadline: float) -> None:
+        """p2pd keeps a handler of a closed connection until it notices the close: remove it, then add it on
+        the new connection, again every ``REGISTER_RETRY_S`` while p2pd answers that it is still set."""
+        control, loop = self._control, asyncio.get_running_loop()
+        while True:
+            try:
+                await asyncio.wait_for(control.remove_unary_handler(proto), max(deadline - loop.time(), 0.0))
+            except P2PDaemonError:  # p2pd had dropped it already, or it is not ours to remove
+                control.unary_handlers.pop(proto, None)
+            except (asyncio.TimeoutError, OSError) as e:
+                raise ControlLinkError(f"removing the stale handler {proto} from p2pd failed: {e!r}") from e
+            try:
+                await asyncio.wait_for(control.add_unary_handler(proto, handler), max(deadline - loop.time(), 0.0))
+                return
+            except P2PDaemonError as e:
+                if loop.time() + REGISTER_RETRY_S >= deadline:
+                    raise ControlLinkError(f"registering the handler {proto} again on p2pd failed: {e!r}") from e
+            except (asyncio.TimeoutError, OSError) as e:
+                raise ControlLinkError(f"registering the handler {proto} again on p2pd failed: {e!r}") from e
+            await asyncio.sleep(REGISTER_RETRY_S)
 
 
 async def watch_control_link(link: ControlLink, check_every_s: float, timeout_s: float) -> None:
-    """Check the connection every ``check_every_s`` and reopen it when broken (runs until cancelled)."""
+    """Check the connection every ``check_every_s`` and repair it when broken (runs until cancelled)."""
     while True:
         await asyncio.sleep(check_every_s)
         reason = link.broken()
@@ -95,7 +127,7 @@ async def watch_control_link(link: ControlLink, check_every_s: float, timeout_s:
             continue
         logger.error("the control connection to p2pd is broken: %s; reopening it", reason)
         try:
-            await link.reopen(timeout_s)
+            await link.repair(timeout_s)
         except ControlLinkError as e:
             logger.error("%s; retrying in %.1f s", e, check_every_s)
             continue
