@@ -1,8 +1,8 @@
 """Where a flow run's ticks go: growth, flags, fairness hold-backs, and the units given up for fairness.
 
 ``bench_flow.py`` reports one number per run, the tick of the last routing change. This runs the same
-fresh solve (``MessageBus.run``, the bench's tick budget) and follows it tick by tick to say what the
-ticks before it were spent on: the first tick at the oracle's maximum flow, the last tick any node held
+fresh solve (``MessageBus.run``, the bench's tick budget) and notes after every tick what the ticks up to
+that change were spent on: the first tick at the oracle's maximum flow, the last tick any node held
 its cost moves for a blocked holder's flag (``flow_first``), the last tick a data holder held its
 growth back for a poorer one (``held_back``), and every unit a holder gave up for fairness, with the want
 notice it answered: the count the notice says the poorer holder routes, how many ticks before the give-up
@@ -55,26 +55,40 @@ def give_ups(bus: MessageBus, floors: dict[str, dict[str, int]]) -> list[dict]:
     return rows
 
 
-def phases(family: str, seed: int, params: FlowParams) -> dict:
-    """One fresh solve, then the same run again step by step to time its phases."""
-    instance = generate(family, seed)
-    oracle_flow = solve(instance).quality.flow_value
-    result = MessageBus(instance, seed=seed, params=params).run(max_ticks=MAX_TICKS)
-    bus = MessageBus(instance, seed=seed, params=params)
-    floors: dict[str, dict[str, int]] = {n.node_id: {} for n in bus.nodes.values() if n.stage == 0}
-    at_max, last_flag, last_held, events = None, 0, 0, []
-    for _ in range(result.ticks_to_converge):
-        bus.step()
-        nodes = bus.nodes.values()
-        if at_max is None and len(bus.routing()) >= oracle_flow:
-            at_max = bus.now
+class PhaseBus(MessageBus):
+    """The bench's bus, noting after every tick what the run spends it on (one run, no replay)."""
+
+    def __init__(self, *args, oracle_flow: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.oracle_flow = oracle_flow
+        self.at_max: int | None = None
+        self.flagged: list[int] = []
+        self.held: list[int] = []
+        self.events: list[dict] = []
+        self._floors: dict[str, dict[str, int]] = {n: {} for n, node in self.nodes.items() if node.stage == 0}
+
+    def step(self) -> None:
+        super().step()
+        nodes = self.nodes.values()
+        if self.at_max is None and len(self.routing()) >= self.oracle_flow:
+            self.at_max = self.now
         if any(n.core.flow_first for n in nodes):
-            last_flag = bus.now
+            self.flagged.append(self.now)
         if any(n.core.held_back for n in nodes):
-            last_held = bus.now
-        events += give_ups(bus, floors)
-    return {"family": family, "seed": seed, "ticks": result.ticks_to_converge, "at_max_flow": at_max,
-            "last_flagged": last_flag, "last_held_back": last_held, "units_given_up": len(events),
+            self.held.append(self.now)
+        self.events += give_ups(self, self._floors)
+
+
+def phases(family: str, seed: int, params: FlowParams) -> dict:
+    """One fresh solve, its phases up to its last routing change."""
+    instance = generate(family, seed)
+    bus = PhaseBus(instance, seed=seed, params=params, oracle_flow=solve(instance).quality.flow_value)
+    ticks = bus.run(max_ticks=MAX_TICKS).ticks_to_converge
+    events = [e for e in bus.events if e["tick"] <= ticks]
+    at_max = bus.at_max if bus.at_max is not None and bus.at_max <= ticks else None
+    return {"family": family, "seed": seed, "ticks": ticks, "at_max_flow": at_max,
+            "last_flagged": max((t for t in bus.flagged if t <= ticks), default=0),
+            "last_held_back": max((t for t in bus.held if t <= ticks), default=0), "units_given_up": len(events),
             "stale_give_ups": sum(e["stale"] for e in events), "give_ups": events}
 
 
