@@ -94,6 +94,11 @@ class FlowParams:
     its own walk label has kept its value this many ticks. 0: at once, whenever the label is finite.
     Measured and held back: ``b`` converges in 210 ticks instead of 288, ``tight`` reaches its maximum on
     39 of 50 swarms instead of 45 (docs/flow-tight.md, "a settled label")."""
+    swaps_under_flags: bool = True
+    """While a blocked holder's flag holds cost-driven moves (``NodeCore.flow_first``), relays still swap the
+    next hops of two units and exchange whole units (flow/annealing.py): those moves keep every node's load,
+    so they cannot take the capacity an augmenting step frees; takeovers and re-routes stay held. False holds
+    them all (before stop 56: ``b`` converged in 290 ticks instead of 222, docs/flow-tight.md)."""
     fair_share: bool = True
     """Fairness between data holders (flow/fairness.py, max-min): a holder that routes more than one that
     wants more and cannot grow holds its growth back, and gives up one unit when it routes two more; it
@@ -124,6 +129,8 @@ class FlowParams:
             require(isinstance(value, int) and value >= 0, f"--flow-{name.replace('_', '-')}",
                     f"must be an integer >= 0 (0: at once), got {value!r}")
         require(isinstance(self.augment, bool), "--flow-augment", f"must be true or false, got {self.augment!r}")
+        require(isinstance(self.swaps_under_flags, bool), "--flow-swaps-under-flags",
+                f"must be true or false, got {self.swaps_under_flags!r}")
         require(isinstance(self.fair_share, bool), "--flow-fair-share",
                 f"must be true or false, got {self.fair_share!r}")
         require_probability(self.improve_probability, "--flow-improve-probability")

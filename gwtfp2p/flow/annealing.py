@@ -5,6 +5,8 @@ Relays share flow tables with their same-stage peers and propose moves: take ove
 sink, or re-route one of their own units through a cheaper next hop (make before break). The
 best move is proposed when it improves the objective; a worse one with probability exp(gain/T).
 The receiver re-checks a move with its own costs. T cools per executed move, reheats on churn.
+While a blocked holder's flag holds cost-driven moves, only swaps and exchanges go on: they keep
+every node's load, so they take no capacity an augmenting step freed (``FlowParams.swaps_under_flags``).
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ class Annealer:
             return
         if not c.flow_first:
             self._improve_with_peer()
+        elif c.params.swaps_under_flags:
+            self._improve_with_peer(keep_loads=True)
 
     def _gossip_table(self) -> None:
         """Send the flow table to same-stage peers when it changed, else as a slow keep-alive."""
@@ -113,13 +117,16 @@ class Annealer:
         tables = self._fresh_tables()
         return self.core.rng.choice(tables) if tables else None
 
-    def _improve_with_peer(self) -> None:
+    def _improve_with_peer(self, keep_loads: bool = False) -> None:
+        """Evaluate the moves with one random peer; ``keep_loads``: only those that leave every node's load as
+        it is (swaps, exchanges), not a takeover, which fills this node's spare capacity."""
         choice = self._pick_peer()
         if choice is None:
             return
         peer, table = choice
         self._improve(peer.node_id, lambda: self._best_of(
-            self._takeovers(peer, table), self._swaps(peer, table), self._exchanges(peer, table)), hash(table))
+            None if keep_loads else self._takeovers(peer, table), self._swaps(peer, table),
+            self._exchanges(peer, table)), hash((table, keep_loads)))
 
     @staticmethod
     def _best_of(*candidates: Candidate | None) -> Candidate | None:

@@ -136,7 +136,7 @@ class NodeCore:
         self.pending = None  # the one outstanding proposal (growth request or move)
         self.temperature = params.temperature_relay
         self.routing_version = 0
-        self.flow_first = False  # a holder nearby waits for an augmenting step: no cost-driven moves (residual.py)
+        self.flow_first = False  # a holder nearby waits for an augmenting step: no capacity-filling cost moves
         self.held_back = False  # a data holder leaves capacity to a poorer holder: no growth (fairness.py)
         self.messages_sent = 0
         self._edge_counter = 0

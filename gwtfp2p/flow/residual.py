@@ -68,9 +68,9 @@ class ResidualDistances:
 
     With them goes ``blocked``: the holders that could gain a unit only by an augmenting step, with
     the holder's tick when it last said so and the hops to it. A node that knows one puts flow first
-    (``NodeCore.flow_first``): it starts no cost-driven move (re-route or annealing), which could take
-    back the capacity a step freed before the holder uses it. A flag whose holder's tick stops
-    advancing ends within a few periods."""
+    (``NodeCore.flow_first``): it starts no cost-driven move that fills capacity (re-route, takeover),
+    which could take back the capacity a step freed before the holder uses it; load-keeping swaps go on
+    (annealing.py). A flag whose holder's tick stops advancing ends within a few periods."""
 
     def __init__(self, core: NodeCore) -> None:
         self.core = core
