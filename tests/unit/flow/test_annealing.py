@@ -37,6 +37,11 @@ def run(bus: MessageBus, ticks: int = 200) -> list[tuple[str, ...]]:
     return sorted(bus.routing())
 
 
+def swarm(nodes: tuple[NodeSpec, ...], costs: dict[tuple[str, str], float], params: FlowParams) -> MessageBus:
+    return MessageBus(FlowInstance(2, nodes, {edge_key(a, b): c for (a, b), c in costs.items()}), seed=0,
+                      params=params, check_every_tick=True)
+
+
 def lanes(swaps_under_flags: bool) -> MessageBus:
     """g routes two units, g -> x -> z -> g and g -> y -> w -> g (the crossed links cost more); every relay
     carries one unit, so the only cost move is a swap of x's and y's next hops."""
@@ -44,9 +49,7 @@ def lanes(swaps_under_flags: bool) -> MessageBus:
              NodeSpec("z", 2, capacity=1), NodeSpec("w", 2, capacity=1))
     costs = {("g", "x"): 1.0, ("g", "y"): 1.0, ("x", "z"): 1.0, ("y", "w"): 1.0, ("x", "w"): 5.0, ("y", "z"): 5.0,
              ("z", "g"): 1.0, ("w", "g"): 1.0}
-    params = FlowParams(augment=False, reroute_margin=0.0, swaps_under_flags=swaps_under_flags)
-    return MessageBus(FlowInstance(2, nodes, {edge_key(a, b): c for (a, b), c in costs.items()}), seed=0, params=params,
-                      check_every_tick=True)
+    return swarm(nodes, costs, FlowParams(augment=False, reroute_margin=0.0, swaps_under_flags=swaps_under_flags))
 
 
 def test_a_swap_goes_on_under_a_flag_and_waits_without_swaps_under_flags() -> None:
@@ -62,13 +65,13 @@ def test_a_swap_goes_on_under_a_flag_and_waits_without_swaps_under_flags() -> No
 
 
 def spare_relay() -> MessageBus:
-    """g routes one unit through y (g -> y -> w -> g); x, beside y, has room and links to g and w but y has no
-    link to z, so the only move is x taking y's unit over once y's links grow dear."""
+    """g routes one unit through y (g -> y -> w -> g); x, beside y, has room and links to g and w. With one
+    unit and one relay after them there is nothing to swap or exchange: the only move is x taking y's unit
+    over once y's links grow dear."""
     nodes = (NodeSpec("g", 0, supply=1), NodeSpec("x", 1, capacity=2), NodeSpec("y", 1, capacity=1),
              NodeSpec("w", 2, capacity=1))
     costs = {("g", "x"): 5.0, ("g", "y"): 1.0, ("x", "w"): 5.0, ("y", "w"): 1.0, ("w", "g"): 1.0}
-    return MessageBus(FlowInstance(2, nodes, {edge_key(a, b): c for (a, b), c in costs.items()}), seed=0, params=QUIET,
-                      check_every_tick=True)
+    return swarm(nodes, costs, QUIET)
 
 
 def test_a_takeover_waits_under_a_flag() -> None:
