@@ -161,7 +161,9 @@ class ProposeTakeover:
 
 @dataclass(frozen=True)
 class ProposeSwap:
-    """Exchange the next hops of the sender's unit (mine) and the receiver's unit (theirs)."""
+    """Exchange the next hops of the sender's unit (mine) and the receiver's unit (theirs).
+    ``my_new_out_cost`` is the sender's edge to the receiver's unit's next hop, where the sender's unit
+    goes; the receiver re-checks the gain with it and its own edge to ``mine_next``."""
 
     sender: str
     proposal_id: str

@@ -61,14 +61,17 @@ class MoveExecutor:
 
     def propose_swap(self, peer: str, unit: TableUnit, mine: tuple[InUnit, OutUnit],
                      costs: tuple[float, float], gain: float) -> None:
+        """Offer ``peer`` to swap next hops: ``costs`` are the peer's edge to our unit's next hop and ours to its
+        unit's next hop (annealing.py ``_swaps``)."""
         c = self.core
         my_in, my_out = mine
         pending = self._new_pending(peer, "swap", mine_in=my_in.edge_id, mine_out=my_out.edge_id)
         self.locked.add(my_in.edge_id)
         old_out_cost = c.cost_to(my_out.next) or 0.0
+        _their_cost_to_my_next, my_cost_to_their_next = costs
         c.send(peer, ProposeSwap(c.node_id, pending.proposal_id, my_out.sink, my_in.edge_id, my_out.edge_id,
                                  my_out.next, unit.in_id, unit.out_id, my_in.up_cost, old_out_cost,
-                                 costs[0], my_out.down_cost - old_out_cost, gain))
+                                 my_cost_to_their_next, my_out.down_cost - old_out_cost, gain))
 
     def propose_exchange(self, peer: str, unit: TableUnit, mine: TableUnit, costs: tuple[float, float],
                          gain: float) -> None:

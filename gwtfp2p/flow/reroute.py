@@ -37,6 +37,7 @@ class Rerouter:
         self.current: Rebuild | None = None
         self.backoff: dict[str, int] = {}  # old out-unit id -> tick before which it is not retried
         self.pinned: dict[str, int] = {}  # out-unit id -> tick before which no cost re-route moves it
+        self.left_for_flow: dict[str, set[str]] = {}  # in-unit id -> next hops an augmenting step moved it off
         self.failures = 0  # consecutive failed re-routes: the node waits 2^failures periods
         self.quiet_until = 0
         self._memo: tuple | None = None
@@ -86,6 +87,10 @@ class Rerouter:
         advert = neighbour.advert.get(out.sink, INF)
         if neighbour.spare <= 0 or advert == INF or neighbour.backoff_until > c.now:
             return False
+        if out.in_id is not None and neighbour.node_id in self.left_for_flow.get(out.in_id, ()):
+            return False  # back to where a step took it from: undoing that step frees nothing new
+        if out.in_id is not None:
+            self.left_for_flow.setdefault(out.in_id, set()).add(out.next)
         self._start(out, neighbour, neighbour.cost + advert)
         self.current.for_flow = True
         return True
@@ -158,4 +163,5 @@ class Rerouter:
             self.backoff[rebuild.old_out] = c.now + 4 * wait
         self.backoff = {k: v for k, v in self.backoff.items() if v > c.now and k in c.outs}
         self.pinned = {k: v for k, v in self.pinned.items() if v > c.now and k in c.outs}
+        self.left_for_flow = {k: v for k, v in self.left_for_flow.items() if k in c.ins}
         self.current = None
