@@ -87,10 +87,11 @@ class Rerouter:
         advert = neighbour.advert.get(out.sink, INF)
         if neighbour.spare <= 0 or advert == INF or neighbour.backoff_until > c.now:
             return False
-        if out.in_id is not None and neighbour.node_id in self.left_for_flow.get(out.in_id, ()):
-            return False  # back to where a step took it from: undoing that step frees nothing new
         if out.in_id is not None:
-            self.left_for_flow.setdefault(out.in_id, set()).add(out.next)
+            left = self.left_for_flow.setdefault(out.in_id, set())
+            if neighbour.node_id in left:
+                return False  # back to where a step took it from: undoing that step frees nothing new
+            left.add(out.next)
         self._start(out, neighbour, neighbour.cost + advert)
         self.current.for_flow = True
         return True

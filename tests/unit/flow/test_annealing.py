@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.bus import MessageBus
-from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
+from gwtfp2p.flow.instance import NodeSpec
+from tests.unit.flow.swarms import CROSSED, STRAIGHT, lanes, swarm
 
 QUIET = FlowParams(augment=False, reroute_margin=0.0)  # no augmenting steps, no re-routes
 
@@ -37,31 +38,15 @@ def run(bus: MessageBus, ticks: int = 200) -> list[tuple[str, ...]]:
     return sorted(bus.routing())
 
 
-def swarm(nodes: tuple[NodeSpec, ...], costs: dict[tuple[str, str], float], params: FlowParams) -> MessageBus:
-    return MessageBus(FlowInstance(2, nodes, {edge_key(a, b): c for (a, b), c in costs.items()}), seed=0,
-                      params=params, check_every_tick=True)
-
-
-def lanes(swaps_under_flags: bool) -> MessageBus:
-    """g routes two units, g -> x -> z -> g and g -> y -> w -> g (the crossed links cost more); every relay
-    carries one unit, so the only cost move is a swap of x's and y's next hops."""
-    nodes = (NodeSpec("g", 0, supply=2), NodeSpec("x", 1, capacity=1), NodeSpec("y", 1, capacity=1),
-             NodeSpec("z", 2, capacity=1), NodeSpec("w", 2, capacity=1))
-    costs = {("g", "x"): 1.0, ("g", "y"): 1.0, ("x", "z"): 1.0, ("y", "w"): 1.0, ("x", "w"): 5.0, ("y", "z"): 5.0,
-             ("z", "g"): 1.0, ("w", "g"): 1.0}
-    return swarm(nodes, costs, FlowParams(augment=False, reroute_margin=0.0, swaps_under_flags=swaps_under_flags))
-
-
 def test_a_swap_goes_on_under_a_flag_and_waits_without_swaps_under_flags() -> None:
-    straight, crossed = [("g", "x", "z", "g"), ("g", "y", "w", "g")], [("g", "x", "w", "g"), ("g", "y", "z", "g")]
     for swaps in (True, False):
-        bus = lanes(swaps)
-        assert settle(bus) == straight
+        bus = lanes(FlowParams(augment=False, reroute_margin=0.0, swaps_under_flags=swaps))
+        assert settle(bus) == STRAIGHT
         flagged(bus)
         for node, peer, cost_s in (("x", "z", 9.0), ("z", "x", 9.0), ("y", "w", 9.0), ("w", "y", 9.0),
                                    ("x", "w", 1.0), ("w", "x", 1.0), ("y", "z", 1.0), ("z", "y", 1.0)):
             bus.measured(node, peer, cost_s)
-        assert run(bus) == (crossed if swaps else straight)
+        assert run(bus) == (CROSSED if swaps else STRAIGHT)
 
 
 def spare_relay() -> MessageBus:

@@ -7,23 +7,18 @@ import pytest
 
 from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.bus import MessageBus
-from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
+from tests.unit.flow.swarms import CROSSED, STRAIGHT, lanes
 
 # No move unless the test starts it: no annealing draw, no augmenting step, no re-route.
 STILL = FlowParams(augment=False, reroute_margin=0.0, improve_probability=0.0)
 
 
-def lanes() -> MessageBus:
-    """g routes g -> x -> z -> g and g -> y -> w -> g; then the straight links grow dear and the crossed ones
-    cheap, x -> w (1) cheaper than y -> z (4), so the two relays' costs to the other's next hop differ."""
-    nodes = (NodeSpec("g", 0, supply=2), NodeSpec("x", 1, capacity=1), NodeSpec("y", 1, capacity=1),
-             NodeSpec("z", 2, capacity=1), NodeSpec("w", 2, capacity=1))
-    costs = {("g", "x"): 1.0, ("g", "y"): 1.0, ("x", "z"): 1.0, ("y", "w"): 1.0, ("x", "w"): 5.0, ("y", "z"): 5.0,
-             ("z", "g"): 1.0, ("w", "g"): 1.0}
-    bus = MessageBus(FlowInstance(2, nodes, {edge_key(a, b): c for (a, b), c in costs.items()}), seed=0,
-                     params=STILL, check_every_tick=True)
+def dear_lanes() -> MessageBus:
+    """The two lanes, settled straight; then the straight links grow dear and the crossed ones cheap, x -> w (1)
+    cheaper than y -> z (4), so the two relays' costs to the other's next hop differ."""
+    bus = lanes(STILL)
     result = bus.run(max_ticks=400, quiet_ticks=40)
-    assert result.converged and sorted(bus.routing()) == [("g", "x", "z", "g"), ("g", "y", "w", "g")]
+    assert result.converged and sorted(bus.routing()) == STRAIGHT
     for a, b, cost_s in (("x", "z", 9.0), ("y", "w", 9.0), ("x", "w", 1.0), ("y", "z", 4.0)):
         bus.measured(a, b, cost_s)
         bus.measured(b, a, cost_s)
@@ -34,7 +29,7 @@ def lanes() -> MessageBus:
 
 @pytest.mark.parametrize("proposer", ["x", "y"])
 def test_a_swap_that_gains_is_taken_whichever_relay_proposes_it(proposer: str) -> None:
-    bus = lanes()
+    bus = dear_lanes()
     annealer = bus.nodes[proposer].annealer
     peer, table = annealer._fresh_tables()[0]
     swap = annealer._swaps(peer, table)
@@ -43,4 +38,4 @@ def test_a_swap_that_gains_is_taken_whichever_relay_proposes_it(proposer: str) -
     for _ in range(20):
         bus.step()
     assert bus.violations == []
-    assert sorted(bus.routing()) == [("g", "x", "w", "g"), ("g", "y", "z", "g")]
+    assert sorted(bus.routing()) == CROSSED

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from gwtfp2p.config import FlowParams
 from gwtfp2p.flow.bus import MessageBus
-from gwtfp2p.flow.instance import FlowInstance, NodeSpec, edge_key
+from gwtfp2p.flow.instance import NodeSpec
+from tests.unit.flow.swarms import swarm
 
 STILL = FlowParams(augment=False, reroute_margin=0.0, improve_probability=0.0)  # moves only when the test asks
 
@@ -17,8 +18,7 @@ def fork() -> MessageBus:
              NodeSpec("b", 2, capacity=1), NodeSpec("c", 2, capacity=1))
     costs = {("g", "x"): 1.0, ("x", "a"): 1.0, ("x", "b"): 2.0, ("x", "c"): 3.0, ("a", "g"): 1.0, ("b", "g"): 1.0,
              ("c", "g"): 1.0}
-    bus = MessageBus(FlowInstance(2, nodes, {edge_key(a, b): c for (a, b), c in costs.items()}), seed=0,
-                     params=STILL, check_every_tick=True)
+    bus = swarm(nodes, costs, STILL)
     assert bus.run(max_ticks=300, quiet_ticks=30).converged
     assert bus.routing() == [("g", "x", "a", "g")]
     return bus
