@@ -74,16 +74,15 @@ class FlowParams:
     """Cross-holder augmenting steps chain (flow/residual.py, flow/augment.py): another holder's unit may be
     displaced when that holder can re-route it by a walk that itself displaces units of further holders.
     False: only when that holder can re-route it by moving its own units (one level)."""
-    loop_free_labels: bool = False
+    loop_free_labels: bool = True
     """Residual labels travel with their paths (flow/ways.py): no node takes a way through itself, so
-    labels never count up along the residual graph's cycles after the way they stood for has gone. Off by
-    default: measured, it ends the counting up but reaches the maximum flow on fewer ``tight`` swarms
-    (docs/flow-tight.md)."""
-    takeover_steps: bool = False
+    labels never count up along the residual graph's cycles after the way they stood for has gone. On
+    since stop 58, with ``takeover_steps`` (docs/flow-tight.md, "Adopted: loop-free labels and takeover
+    steps"); False: hop counts only (labels may count up to the hop limit)."""
+    takeover_steps: bool = True
     """A full relay on an augmenting walk may have a same-stage peer with spare capacity take one of its units
     over (the unit keeps its previous and next hop), freeing the slot for the blocked holder
-    (flow/ways.py ``takeover_offer``, flow/augment.py). Off by default: measured and held back
-    (docs/flow-tight.md)."""
+    (flow/ways.py ``takeover_offer``, flow/augment.py). On since stop 58, with ``loop_free_labels``."""
     walk_settle_ticks: int = 0
     """A data holder walks only once its own walk label has kept its value this many ticks: a label that
     counts up along the residual graph's cycles, after the way it stood for has gone, changes every few

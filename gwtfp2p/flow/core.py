@@ -131,6 +131,7 @@ class NodeCore:
         self.ins: dict[str, InUnit] = {}
         self.outs: dict[str, OutUnit] = {}
         self.tombstones: dict[str, Tombstone] = {}
+        self.moved_off: dict[str, tuple[str, int]] = {}  # out-unit id -> (next hop a peer's move took it off, tick)
         self.outbox: list[Envelope] = []
         self.reserved = 0
         self.pending = None  # the one outstanding proposal (growth request or move)

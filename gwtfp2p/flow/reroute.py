@@ -43,6 +43,8 @@ class Rerouter:
         self._memo: tuple | None = None
 
     def tick(self) -> None:
+        if len(self.core.moved_off) > len(self.core.outs):  # forget units gone meanwhile
+            self.core.moved_off = {k: v for k, v in self.core.moved_off.items() if k in self.core.outs}
         if self.current is not None:
             self._advance(self.current)
         elif (self.core.pending is None and self.core.params.reroute_margin > 0
@@ -68,13 +70,22 @@ class Rerouter:
             if not c.is_data_holder and (out.in_id is None or out.in_id in self.moves.locked):
                 continue
             choice = self.growth.best_next(out.sink, exclude=out.next)
-            if choice is None:
+            if choice is None or self._moved_off(out.edge_id) == choice[0].node_id:
                 continue
             saving = out.down_cost - choice[1]
             if saving > c.params.reroute_margin * out.down_cost and (best is None or saving > best[0]):
                 best = (saving, out, choice)
         if best is not None:
             self._start(best[1], *best[2])
+
+    def _moved_off(self, out_id: str) -> str | None:
+        """The next hop a peer's move (a takeover, softstate.py) took this unit off within the pin span: a cost
+        re-route does not take it back there, which would undo a takeover an augmenting step asked for before
+        the blocked holder could use the freed slot."""
+        c = self.core
+        moved = c.moved_off.get(out_id)
+        span = PIN_PERIODS * 2 * c.params.residual_period_ticks * (c.n_stages + 1)
+        return moved[0] if moved is not None and c.now - moved[1] < span else None
 
     def start_for_flow(self, out: OutUnit, neighbour: Neighbour) -> bool:
         """Move ``out``'s unit off its next hop onto ``neighbour``'s path with spare capacity (an augmenting
@@ -165,4 +176,5 @@ class Rerouter:
         self.backoff = {k: v for k, v in self.backoff.items() if v > c.now and k in c.outs}
         self.pinned = {k: v for k, v in self.pinned.items() if v > c.now and k in c.outs}
         self.left_for_flow = {k: v for k, v in self.left_for_flow.items() if k in c.ins}
+        c.moved_off = {k: v for k, v in c.moved_off.items() if k in c.outs and self._moved_off(k) is not None}
         self.current = None

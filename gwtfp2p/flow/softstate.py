@@ -135,6 +135,7 @@ class SoftState:
                     c.drop_out(entry.edge_id, cancel=False)
                 else:
                     old_edge = c.cost_to(out.next) or 0.0
+                    c.moved_off[out.edge_id] = (out.next, c.now)  # reroute.py: no cost re-route back there
                     out.next, out.epoch, out.refreshed = entry.holder, entry.epoch, c.now
                     out.down_cost += holder_cost - old_edge
                     c.mark_forward(out.edge_id)

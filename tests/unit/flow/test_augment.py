@@ -35,12 +35,17 @@ def first_routing(bus: MessageBus, ticks: int = 40) -> list:
     return []
 
 
-def test_another_holders_unit_moves_so_a_blocked_holder_can_route() -> None:
-    bus = shared_relay()
+@pytest.mark.parametrize(("takeovers", "stepper"), [(False, "g"), (True, "y")])
+def test_another_holders_unit_moves_so_a_blocked_holder_can_route(takeovers: bool, stepper: str) -> None:
+    """g re-routes its unit to y by a step (``takeover_steps`` off), or y takes it over (on, the default);
+    either way once: the takeover is not undone by g's cost re-route back to x (reroute.py ``_moved_off``)."""
+    bus = shared_relay(FlowParams(takeover_steps=takeovers))
     assert first_routing(bus) == [("g", "x", "g")]
     result = bus.run(max_ticks=600)
     assert sorted(bus.routing()) == [("g", "y", "g"), ("h", "x", "h")]
-    assert bus.nodes["g"].augmenter.steps_started == 1 and result.converged and bus.violations == []
+    steps = {node_id: node.augmenter.steps_started for node_id, node in bus.nodes.items()}
+    assert steps == {"g": 0, "h": 0, "x": 0, "y": 0} | {stepper: 1}
+    assert result.converged and bus.violations == []
 
 
 def test_without_steps_the_blocked_holder_stays_blocked() -> None:
@@ -97,12 +102,22 @@ def three_holders(params: FlowParams) -> MessageBus:
     return MessageBus(FlowInstance(1, nodes, costs), seed=0, params=params, check_every_tick=True)
 
 
+def test_a_takeover_a_walk_asked_for_is_not_taken_back_by_a_cost_reroute() -> None:
+    """Takeovers on (the default): z takes k's unit over from y for h's walk; k's cost re-route would move it
+    straight back to y (edge cost 1 against 10) before the slot is used, every walk, for ever (reroute.py
+    ``_moved_off``). With the guard g's unit then moves to y and h routes."""
+    bus = three_holders(FlowParams())
+    result = bus.run(max_ticks=800)
+    assert sorted(bus.routing()) == [("g", "y", "g"), ("h", "x", "h"), ("k", "z", "k")]
+    assert result.converged and bus.violations == []
+
+
 def test_a_chain_of_displacements_frees_a_slot_that_one_level_cannot() -> None:
     """deep_cross: g may be asked to move its unit when g itself can only by displacing k's; without it h
-    stays blocked and its walk labels see no step."""
+    stays blocked and its walk labels see no step (no takeovers here: z could take k's unit over)."""
     before, after = [("g", "x", "g"), ("k", "y", "k")], [("g", "y", "g"), ("h", "x", "h"), ("k", "z", "k")]
     for deep in (False, True):
-        bus = three_holders(FlowParams(deep_cross=deep))
+        bus = three_holders(FlowParams(deep_cross=deep, takeover_steps=False))
         for _ in range(200):
             bus.step()
             if len(bus.routing()) == len(before):
