@@ -18,6 +18,11 @@ from gwtfp2p.flow.moves import MoveExecutor
 PIN_PERIODS = 8  # augmenting walks a moved unit stays out of cost re-routes for (augment.py)
 
 
+def pin_ticks(core: NodeCore) -> int:
+    """How long a unit a step (or a peer's takeover) moved stays out of cost re-routes: ``PIN_PERIODS`` walks."""
+    return PIN_PERIODS * 2 * core.params.residual_period_ticks * (core.n_stages + 1)
+
+
 @dataclass
 class Rebuild:
     old_out: str
@@ -43,7 +48,7 @@ class Rerouter:
         self._memo: tuple | None = None
 
     def tick(self) -> None:
-        if len(self.core.moved_off) > len(self.core.outs):  # forget units gone meanwhile
+        if len(self.core.moved_off) > len(self.core.outs):  # forget units gone meanwhile (expired ones are ignored)
             self.core.moved_off = {k: v for k, v in self.core.moved_off.items() if k in self.core.outs}
         if self.current is not None:
             self._advance(self.current)
@@ -84,8 +89,7 @@ class Rerouter:
         the blocked holder could use the freed slot."""
         c = self.core
         moved = c.moved_off.get(out_id)
-        span = PIN_PERIODS * 2 * c.params.residual_period_ticks * (c.n_stages + 1)
-        return moved[0] if moved is not None and c.now - moved[1] < span else None
+        return moved[0] if moved is not None and c.now - moved[1] < pin_ticks(c) else None
 
     def start_for_flow(self, out: OutUnit, neighbour: Neighbour) -> bool:
         """Move ``out``'s unit off its next hop onto ``neighbour``'s path with spare capacity (an augmenting
@@ -160,7 +164,7 @@ class Rerouter:
             c.match(rebuild.in_id, new.edge_id)
             c.mark_backward(rebuild.in_id)
         if rebuild.for_flow:  # a cost re-route must not take back what the step freed before it is used
-            self.pinned[new.edge_id] = c.now + PIN_PERIODS * 2 * c.params.residual_period_ticks * (c.n_stages + 1)
+            self.pinned[new.edge_id] = c.now + pin_ticks(c)
         c.changed()
         self._end(rebuild, failed=False)
 
@@ -176,5 +180,4 @@ class Rerouter:
         self.backoff = {k: v for k, v in self.backoff.items() if v > c.now and k in c.outs}
         self.pinned = {k: v for k, v in self.pinned.items() if v > c.now and k in c.outs}
         self.left_for_flow = {k: v for k, v in self.left_for_flow.items() if k in c.ins}
-        c.moved_off = {k: v for k, v in c.moved_off.items() if k in c.outs and self._moved_off(k) is not None}
         self.current = None
